@@ -1,0 +1,30 @@
+# Two commands do all the set-up on a fresh machine:
+#   make run    create .venv, install, run PipelineRL on the embedded default, print what it learned
+#   make test   the same set-up, then the whole test suite
+VENV   := .venv
+PYTHON := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: run test lint clean
+
+$(STAMP): pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
+	# torch first: 2.13.0 is the CPU build on local disk; any other request pulls CUDA wheels.
+	$(PYTHON) -m pip install -q torch==2.13.0
+	$(PYTHON) -m pip install -q -c constraints.txt -e ".[train,dev]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/pipelinerl run $(ARGS)
+
+test: $(STAMP)
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pipelinerl tests
+	$(VENV)/bin/mypy pipelinerl/rl pipelinerl/platform
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,256 @@
+"""Experiment configuration: typed, validated, loaded from TOML with ``--set`` overrides.
+
+Every field carries a type, a constraint and a description: the same models are what the CLI
+validates and what the Prefect run form renders. A bad value fails here, before any process
+starts, with a message naming the field, the value and what is allowed.
+
+The configuration is a tree of sections (``run``, ``model``, ``task``, ``actor``, ``rl``,
+``trainer``, ``transport``); an override names a leaf as ``section.key=value``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Mode = Literal["pipeline", "conventional", "async"]
+MODES: tuple[Mode, ...] = ("pipeline", "conventional", "async")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message is meant for the user as is."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class RunConfig(Section):
+    name: str = Field("pipelinerl", min_length=1, description="Experiment name (the MLflow experiment).")
+    mode: Mode = Field(
+        "pipeline",
+        description="pipeline: in-flight weight updates; conventional: G steps per generation round; "
+        "async: weights change only between sequences (ablation).",
+    )
+    seed: int = Field(0, ge=0, description="Seed for data order, sampling and model initialisation.")
+    max_steps: int = Field(60, ge=1, description="Optimizer steps (policy versions) to train.")
+    max_wall_s: float = Field(
+        3600.0, gt=0, description="Stop training after this many seconds even if max_steps is not reached."
+    )
+    steps_per_round: int = Field(
+        4, ge=1, le=64, description="conventional mode: optimizer steps G per generation round."
+    )
+    max_lag: int = Field(
+        2, ge=1, description="async mode: versions the actor may fall behind before it drains and updates."
+    )
+    output_dir: Path = Field(Path("runs"), description="Each run writes runs/<run-id>/ under this directory.")
+    home: Path = Field(
+        Path("~/.pipelinerl"), description="Platform home: warm-start cache and other reusable state."
+    )
+
+
+class ModelConfig(Section):
+    path: Path | None = Field(
+        None,
+        description="Local Hugging Face model directory. Empty: the embedded tiny model, warm-started "
+        "on the task and cached in the platform home.",
+    )
+    warmstart_steps: int = Field(
+        600, ge=1, description="Supervised steps of the embedded model's warm-start (ignored with a path)."
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_model_dir(cls, path: Path | None) -> Path | None:
+        if path is None:
+            return None
+        path = path.expanduser()
+        if not path.is_dir():
+            raise ValueError(f"model directory {str(path)!r} does not exist (give a local Hugging Face dir)")
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{str(path)!r} has no config.json: not a Hugging Face model directory")
+        return path
+
+
+class TaskConfig(Section):
+    name: Literal["arithmetic"] = Field("arithmetic", description="Shipped task with a verifier.")
+    train_problems: int = Field(20000, ge=1, description="Size of the deterministic train split.")
+    eval_problems: int = Field(200, ge=1, description="Held-out problems for eval success.")
+    eval_every_steps: int = Field(
+        0, ge=0, description="Evaluate held-out success every N policy versions (0: at start and end only)."
+    )
+
+
+class ActorConfig(Section):
+    engine: Literal["transformers", "vllm"] = Field("transformers", description="Inference engine.")
+    num_actors: int = Field(1, ge=1, le=64, description="Actor processes (each one engine).")
+    max_in_flight: int = Field(32, ge=1, le=4096, description="H: sequences in flight per actor.")
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
+    max_new_tokens: int = Field(96, ge=1, description="Longest completion in tokens.")
+    kv_cache_blocks: int = Field(
+        0, ge=0, description="KV-cache blocks of the transformers engine (0: enough for H full sequences)."
+    )
+    kv_block_size: int = Field(32, ge=1, description="Tokens per KV-cache block.")
+    torch_threads: int = Field(1, ge=1, description="torch threads of each actor process.")
+    python: str | None = Field(
+        None, description="Interpreter that runs the actor (default: the current one)."
+    )
+
+
+class RLConfig(Section):
+    group_size: int = Field(4, ge=2, le=256, description="Samples per prompt; advantages are leave-one-out.")
+    batch_size: int = Field(32, ge=1, description="B: sequences per optimizer step.")
+    loss: Literal["truncated_is", "ppo_clip"] = Field(
+        "truncated_is", description="REINFORCE with truncated importance sampling, or PPO-clip."
+    )
+    is_cap: float = Field(5.0, gt=0, description="c: cap of the truncated importance weight min(r, c).")
+    ppo_clip_epsilon: float = Field(0.2, gt=0, lt=1, description="PPO clip range epsilon.")
+    normalize_advantages: bool = Field(False, description="Divide group advantages by the group std.")
+
+    @model_validator(mode="after")
+    def _batch_holds_whole_groups(self) -> RLConfig:
+        if self.batch_size % self.group_size:
+            raise ValueError(
+                f"rl.batch_size={self.batch_size} must be a multiple of rl.group_size={self.group_size} "
+                "so that every batch holds whole groups"
+            )
+        return self
+
+
+class TrainerConfig(Section):
+    zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    num_processes: int = Field(1, ge=1, le=64, description="Trainer ranks (data parallel).")
+    learning_rate: float = Field(3e-4, gt=0, le=1, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
+    micro_batch_tokens: int = Field(
+        8192, ge=16, description="Padded tokens per micro-batch (sequences x longest length)."
+    )
+    torch_threads: int = Field(1, ge=1, description="torch threads of each trainer process.")
+
+
+class TransportConfig(Section):
+    host: str = Field("127.0.0.1", description="Address the sockets bind to (loopback only for now).")
+    base_port: int = Field(
+        47100, ge=1024, le=65000, description="First of the consecutive ports the run uses (see PORTS)."
+    )
+    queue_size: int = Field(64, ge=1, description="High-water mark of each PUSH/PULL queue, in messages.")
+
+    @field_validator("host")
+    @classmethod
+    def _loopback_only(cls, host: str) -> str:
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = host == "localhost"
+        if not loopback:
+            raise ValueError(
+                f"host {host!r} is not a loopback address; binding beyond 127.0.0.1 needs CurveZMQ keys, "
+                "which this version does not configure"
+            )
+        return host
+
+    def address(self, role: str) -> str:
+        return f"tcp://{self.host}:{self.port(role)}"
+
+    def port(self, role: str) -> int:
+        return self.base_port + PORTS.index(role)
+
+
+# Port offsets from transport.base_port, in this order.
+PORTS = ("rollouts", "batches", "weights", "weight_group", "trainer_dist", "stats")
+
+
+class PipelineConfig(Section):
+    run: RunConfig = Field(default_factory=RunConfig, description="What to run and for how long.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
+    task: TaskConfig = Field(default_factory=TaskConfig, description="The task and its splits.")
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="Generation.")
+    rl: RLConfig = Field(default_factory=RLConfig, description="Rewards, advantages and the loss.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="DeepSpeed training.")
+    transport: TransportConfig = Field(default_factory=TransportConfig, description="ZeroMQ sockets.")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> PipelineConfig:
+        if self.actor.engine == "vllm":
+            raise ValueError("actor.engine='vllm' is not available yet; valid now: 'transformers'")
+        if self.trainer.num_processes > 1 and self.rl.batch_size % self.trainer.num_processes:
+            raise ValueError(
+                f"rl.batch_size={self.rl.batch_size} must divide evenly over "
+                f"trainer.num_processes={self.trainer.num_processes}"
+            )
+        return self
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``section.key=value``; the value is read as a TOML value, else taken as a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} is not of the form section.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {part!r} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def format_validation_error(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "config"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown setting (check its spelling and section)")
+        elif item["type"] == "value_error":
+            lines.append(f"{where}: {message}")
+        else:
+            lines.append(f"{where}: {message} (got {item.get('input')!r})")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def load_config(path: Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+    """Read a TOML file (optional), apply ``section.key=value`` overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from exc
+    apply_overrides(data, overrides or [])
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def flatten(config: BaseModel, prefix: str = "") -> dict[str, Any]:
+    """``{"run.mode": "pipeline", ...}``: for logs, tracking params and overrides."""
+    flat: dict[str, Any] = {}
+    for name in type(config).model_fields:
+        value = getattr(config, name)
+        key = f"{prefix}{name}"
+        if isinstance(value, BaseModel):
+            flat.update(flatten(value, key + "."))
+        else:
+            flat[key] = str(value) if isinstance(value, Path) else value
+    return flat

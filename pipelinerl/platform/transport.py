@@ -1,0 +1,234 @@
+"""ZeroMQ sockets that carry wire messages between the stages, with bounded queues.
+
+* ``Sender`` is a PUSH socket (rollouts, train batches) or a PUB socket (weight-update notices).
+  A PUSH send blocks while the high-water mark is reached: a slow consumer slows its producer
+  (backpressure) instead of letting queues, and memory, grow. A PUB send never blocks; ZeroMQ drops
+  messages for a subscriber whose queue is full, so PUB suits notices whose latest value is what counts.
+* ``Receiver`` is a PULL socket or a SUB socket subscribed to everything. A multipart message that
+  does not decode (``wire.MalformedMessage``) is counted, logged and skipped; the receiver keeps
+  running and keeps waiting for the next good message.
+
+Invariants:
+
+* Only ``wire.encode`` / ``wire.decode`` touch the bytes: no pickle on the wire.
+* Queues are bounded on both sides (``SNDHWM`` / ``RCVHWM`` = ``high_water_mark`` messages).
+* A PUSH socket that connects sets ``IMMEDIATE``, so it queues nothing for a peer that is not
+  there (a message waits in the sender, where backpressure can see it, until a consumer connects).
+* ``LINGER`` is 0: closing a socket drops what it has not sent instead of hanging the process.
+* A socket is used by one thread at a time (ZeroMQ sockets are not thread-safe).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import socket
+import time
+from typing import Literal, Self
+from urllib.parse import urlsplit
+
+import zmq
+
+from pipelinerl.platform.wire import MalformedMessage, Message, decode, encode
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HIGH_WATER_MARK = 64  # messages; a few optimizer steps of rollouts, bounded memory per socket
+
+_SOCKET_TYPES = {"push": zmq.PUSH, "pub": zmq.PUB, "pull": zmq.PULL, "sub": zmq.SUB}
+
+
+def _milliseconds_until(deadline: float) -> int:
+    # Rounded up, so a wait never spins on a 0 ms poll before its deadline.
+    return max(0, math.ceil((deadline - time.monotonic()) * 1000))
+
+
+class PortInUseError(RuntimeError):
+    """A socket could not bind its address because another process holds the port."""
+
+
+def _port_in_use_message(address: str, setting: str | None) -> str:
+    what_to_change = f"`{setting}`" if setting else "the port of this address in the run config"
+    return (
+        f"cannot bind {address}: the port is already in use (another run or program holds it). "
+        f"Change {what_to_change} to a free port, or stop the process that holds it."
+    )
+
+
+def check_bindable(address: str, *, setting: str | None = None) -> None:
+    """Raise ``PortInUseError`` if the tcp ``address`` cannot be bound now.
+
+    Meant to run before any process starts, so that a taken port fails the launch with a clear
+    message. Non-tcp addresses (ipc, inproc) are not checked; a tcp wildcard port (``*`` or 0) is
+    always bindable. ``setting`` names the config field that holds the address, for the message.
+    """
+    parts = urlsplit(address)
+    if parts.scheme != "tcp":
+        return
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError as error:  # port not an integer or out of range
+        if parts.netloc.endswith(":*"):
+            return
+        raise ValueError(f"bad tcp address {address!r}: expected tcp://HOST:PORT") from error
+    if not host or port is None:
+        raise ValueError(f"bad tcp address {address!r}: expected tcp://HOST:PORT")
+    if port == 0:
+        return
+    bind_host = "" if host == "*" else host
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # libzmq sets SO_REUSEADDR on its listeners, so a port in TIME_WAIT is bindable for it too.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((bind_host, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise PortInUseError(_port_in_use_message(address, setting)) from error
+            raise OSError(error.errno, f"cannot bind {address}: {error.strerror}") from error
+
+
+class _Socket:
+    """A configured ZeroMQ socket, bound or connected to ``address``."""
+
+    def __init__(
+        self,
+        context: zmq.Context,
+        address: str,
+        kind: str,
+        bind: bool,
+        high_water_mark: int,
+        setting: str | None,
+    ) -> None:
+        if high_water_mark < 1:
+            raise ValueError(f"high_water_mark must be >= 1 (messages), got {high_water_mark}")
+        self.kind = kind
+        self.socket: zmq.Socket = context.socket(_SOCKET_TYPES[kind])
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SNDHWM, high_water_mark)
+        self.socket.setsockopt(zmq.RCVHWM, high_water_mark)
+        if kind == "sub":
+            self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        if kind == "push" and not bind:
+            self.socket.setsockopt(zmq.IMMEDIATE, 1)
+        try:
+            if bind:
+                self.socket.bind(address)
+                # The endpoint actually bound: differs from ``address`` for a wildcard port (tcp://host:*).
+                self.address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+            else:
+                self.socket.connect(address)
+                self.address = address
+        except zmq.ZMQError as error:
+            self.socket.close(linger=0)
+            if error.errno == zmq.EADDRINUSE:
+                raise PortInUseError(_port_in_use_message(address, setting)) from error
+            raise
+
+    def close(self) -> None:
+        """Close the socket at once, dropping unsent messages; closing twice is harmless."""
+        self.socket.close(linger=0)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class Sender(_Socket):
+    """Sends wire messages on a PUSH (bounded, blocking when full) or PUB socket."""
+
+    def __init__(
+        self,
+        context: zmq.Context,
+        address: str,
+        kind: Literal["push", "pub"],
+        bind: bool,
+        high_water_mark: int = DEFAULT_HIGH_WATER_MARK,
+        *,
+        setting: str | None = None,
+    ) -> None:
+        if kind not in ("push", "pub"):
+            raise ValueError(f"Sender kind must be 'push' or 'pub', got {kind!r}")
+        super().__init__(context, address, kind, bind, high_water_mark, setting)
+        self.sent_count = 0
+
+    def send(self, message: Message, timeout_s: float | None = None) -> bool:
+        """Send ``message``; True once ZeroMQ has queued it.
+
+        PUSH: waits while the queue is full (or, when connecting, until a peer is there), at most
+        ``timeout_s`` seconds (None: forever), and returns False if it is still full by then; the
+        message is then not sent. PUB: never waits (a full subscriber queue drops it) and returns True.
+        """
+        frames = encode(message)
+        if timeout_s is None or self.kind == "pub":
+            self.socket.send_multipart(frames)
+            self.sent_count += 1
+            return True
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining_ms = _milliseconds_until(deadline)
+            if self.socket.poll(remaining_ms, zmq.POLLOUT):
+                try:
+                    # Multipart messages are atomic: once the first frame is accepted, all are.
+                    self.socket.send_multipart(frames, flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    pass  # another peer's queue filled between poll and send; wait again
+                else:
+                    self.sent_count += 1
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+
+
+class Receiver(_Socket):
+    """Receives wire messages on a PULL socket or a SUB socket subscribed to every message."""
+
+    def __init__(
+        self,
+        context: zmq.Context,
+        address: str,
+        kind: Literal["pull", "sub"],
+        bind: bool,
+        high_water_mark: int = DEFAULT_HIGH_WATER_MARK,
+        *,
+        setting: str | None = None,
+    ) -> None:
+        if kind not in ("pull", "sub"):
+            raise ValueError(f"Receiver kind must be 'pull' or 'sub', got {kind!r}")
+        super().__init__(context, address, kind, bind, high_water_mark, setting)
+        self.received_count = 0
+        self.malformed_count = 0
+
+    def recv(self, timeout_s: float | None = None) -> Message | None:
+        """The next good message, or None if none came within ``timeout_s`` seconds (None: wait forever).
+
+        Malformed messages on the way are counted in ``malformed_count``, logged and skipped.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            if deadline is None:
+                self.socket.poll(None, zmq.POLLIN)
+            else:
+                remaining_ms = _milliseconds_until(deadline)
+                if not self.socket.poll(remaining_ms, zmq.POLLIN):
+                    return None
+            try:
+                frames = self.socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                continue
+            try:
+                message = decode(frames)
+            except MalformedMessage as error:
+                self.malformed_count += 1
+                logger.warning(
+                    "skipped a malformed message on %s (%d so far): %s",
+                    self.address,
+                    self.malformed_count,
+                    error.reason,
+                )
+                continue
+            self.received_count += 1
+            return message

@@ -1,0 +1,63 @@
+"""The weight group: trainer rank 0 and every actor in one torch.distributed process group.
+
+A weight update is a ``WeightUpdate`` notice over ZeroMQ PUB/SUB (the new policy version and the
+parameter list) followed by one broadcast per tensor from trainer rank 0 (group rank 0) to the
+actors (group ranks 1..N). The group is built directly from a ``TCPStore`` rather than through
+``init_process_group``, because the trainer's default group already belongs to DeepSpeed.
+
+Backend: gloo on CPU; on GPUs the same shape uses NCCL.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+TRAINER_RANK = 0
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class WeightGroup:
+    """One member of the weight group. Rank 0 (the trainer) hosts the rendezvous store."""
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"weight-group rank {rank} is outside 0..{world_size - 1}")
+        self.rank = rank
+        self.world_size = world_size
+        timeout = timedelta(seconds=timeout_s)
+        self._store = dist.TCPStore(
+            host, port, world_size, is_master=rank == TRAINER_RANK, timeout=timeout, wait_for_workers=False
+        )
+        self._group = dist.ProcessGroupGloo(
+            dist.PrefixStore("weights", self._store), rank, world_size, timeout
+        )
+
+    def broadcast(self, tensors: Iterable[torch.Tensor]) -> float:
+        """Send (rank 0) or receive (others) each tensor in order, in place; returns seconds taken."""
+        started = time.perf_counter()
+        for tensor in tensors:
+            buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+            self._group.broadcast(buffer, TRAINER_RANK).wait()
+            if buffer is not tensor:
+                tensor.copy_(buffer)
+        return time.perf_counter() - started
+
+    def barrier(self) -> None:
+        self._group.barrier().wait()
+
+
+def receive_buffers(shapes: list[list[int]], dtypes: list[str]) -> list[torch.Tensor]:
+    """Empty tensors to receive a broadcast into, from a notice's shapes and dtype names."""
+    for dtype in dtypes:
+        if dtype not in DTYPES:
+            raise ValueError(f"weight dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    return [torch.empty(shape, dtype=DTYPES[dtype]) for shape, dtype in zip(shapes, dtypes, strict=True)]
+
+
+def dtype_name(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")

@@ -1,0 +1,190 @@
+"""Policy-gradient losses for PipelineRL: REINFORCE with truncated importance sampling, and PPO-clip.
+
+Role: turn the trainer's current token log-probabilities, the actor's recorded (behaviour) log-probabilities
+and per-token advantages into one differentiable scalar plus the diagnostics the trainer logs.
+
+Invariants:
+
+* Every per-token tensor has the same shape (``[batch, seq]`` or flat ``[N]``); ``token_mask`` is bool and
+  masked-out positions (padding, prompt, sequences dropped for lacking an end token) contribute nothing to the
+  loss, its gradient or the diagnostics, whatever values they hold.
+* The loss is a *sum* over tokens divided by ``num_sequences``, the optimizer step's total sequence count,
+  not the micro-batch's. Micro-batch losses therefore add up to the step loss and gradient accumulation needs
+  no rescaling.
+* ``ratio`` and ``importance_weights`` are detached diagnostics; ``ratio`` is the raw policy ratio
+  pi/mu and ``importance_weights`` is what multiplied the advantage in the loss.
+
+Reference: Piché et al. 2025, "PipelineRL", arXiv 2509.19128, §"Numbers to implement" of the project spec
+(importance weight w = min(pi/mu, c) with c = 5; L = -(1/n_seq) sum_seq sum_t A_seq w_t log pi(y_t)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PolicyLossOutput:
+    """Result of a policy loss.
+
+    Attributes:
+        loss: scalar, differentiable with respect to ``logprobs``.
+        ratio: ``[*]`` detached ``exp(logprobs - behaviour_logprobs)``, untruncated, 0 where mask is False.
+        importance_weights: ``[*]`` detached weights actually used in the loss (``min(ratio, cap)`` for
+            truncated IS, the raw ratio for PPO), 0 where the mask is False.
+        clipped_fraction: share of masked-in tokens whose weight was truncated (IS) or clipped (PPO);
+            0.0 when no token is masked in.
+    """
+
+    loss: torch.Tensor
+    ratio: torch.Tensor
+    importance_weights: torch.Tensor
+    clipped_fraction: float
+
+
+def _validate(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    token_mask: torch.Tensor,
+    num_sequences: int,
+) -> None:
+    for name, tensor in (
+        ("behaviour_logprobs", behaviour_logprobs),
+        ("advantages", advantages),
+        ("token_mask", token_mask),
+    ):
+        if tensor.shape != logprobs.shape:
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)}, "
+                f"expected the shape of logprobs {tuple(logprobs.shape)}"
+            )
+    if token_mask.dtype != torch.bool:
+        raise ValueError(f"token_mask must be a bool tensor, got dtype {token_mask.dtype}")
+    if not logprobs.is_floating_point():
+        raise ValueError(f"logprobs must be a floating-point tensor, got dtype {logprobs.dtype}")
+    if num_sequences < 1:
+        raise ValueError(
+            f"num_sequences must be >= 1 (the optimizer step's sequence count), got {num_sequences}"
+        )
+
+
+def _masked_log_ratio(
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, token_mask: torch.Tensor
+) -> torch.Tensor:
+    """``logprobs - behaviour_logprobs`` with masked-out positions set to 0 *before* ``exp``.
+
+    Zeroing before exponentiating keeps garbage in padding (e.g. huge differences) from producing inf, whose
+    gradient through a later ``where`` would be 0 * inf = NaN.
+    """
+    compute_dtype = torch.promote_types(logprobs.dtype, torch.float32)
+    log_ratio = logprobs.to(compute_dtype) - behaviour_logprobs.detach().to(compute_dtype)
+    return torch.where(token_mask, log_ratio, torch.zeros_like(log_ratio))
+
+
+def _fraction(flags: torch.Tensor, token_mask: torch.Tensor) -> float:
+    num_tokens = int(token_mask.sum().item())
+    if num_tokens == 0:
+        return 0.0
+    return float((flags & token_mask).sum().item()) / num_tokens
+
+
+def truncated_is_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    token_mask: torch.Tensor,
+    num_sequences: int,
+    is_cap: float = 5.0,
+) -> PolicyLossOutput:
+    """REINFORCE with truncated importance sampling, PipelineRL's default policy loss.
+
+    ``L = -(1/num_sequences) * sum_t mask_t * A_t * min(r_t, c).detach() * logprobs_t`` with
+    ``r_t = exp(logprobs_t - behaviour_logprobs_t)``, so
+    ``dL/dlogprobs_t = -mask_t * A_t * w_t / num_sequences``.
+
+    Args:
+        logprobs: ``[*]`` log pi(y_t) under the trainer's current weights, requires grad.
+        behaviour_logprobs: ``[*]`` log mu(y_t) the actor recorded when it sampled y_t (treated as constant).
+        advantages: ``[*]`` per-token advantage (the sequence's advantage broadcast over its tokens).
+        token_mask: ``[*]`` bool, True for tokens that are trained on.
+        num_sequences: the optimizer step's total number of sequences (>= 1).
+        is_cap: truncation level c > 0 of the importance weight; the paper's default is 5.
+
+    Returns:
+        :class:`PolicyLossOutput`; ``clipped_fraction`` is the share of masked-in tokens with ``r_t > c``.
+
+    Reference: Piché et al. 2025, arXiv 2509.19128, §"Numbers to implement" (importance weight and loss).
+    """
+    _validate(logprobs, behaviour_logprobs, advantages, token_mask, num_sequences)
+    if not is_cap > 0:
+        raise ValueError(f"is_cap must be > 0, got {is_cap}")
+
+    log_ratio = _masked_log_ratio(logprobs, behaviour_logprobs, token_mask).detach()
+    ratio = torch.where(token_mask, torch.exp(log_ratio), torch.zeros_like(log_ratio))
+    importance_weights = torch.clamp(ratio, max=is_cap)
+    masked_advantages = torch.where(token_mask, advantages.to(ratio.dtype), torch.zeros_like(ratio))
+
+    per_token = masked_advantages * importance_weights * logprobs.to(ratio.dtype)
+    per_token = torch.where(token_mask, per_token, torch.zeros_like(per_token))
+    loss = -per_token.sum() / num_sequences
+    return PolicyLossOutput(
+        loss=loss,
+        ratio=ratio,
+        importance_weights=importance_weights,
+        clipped_fraction=_fraction(ratio > is_cap, token_mask),
+    )
+
+
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    token_mask: torch.Tensor,
+    num_sequences: int,
+    clip_epsilon: float = 0.2,
+) -> PolicyLossOutput:
+    """PPO clipped surrogate, the option the paper lists beside truncated IS.
+
+    ``L = -(1/num_sequences) * sum_t mask_t * min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t)`` where the ratio
+    ``r_t = exp(logprobs_t - behaviour_logprobs_t)`` is differentiable.
+
+    Args:
+        logprobs: ``[*]`` log pi(y_t) under the trainer's current weights, requires grad.
+        behaviour_logprobs: ``[*]`` log mu(y_t) recorded by the actor (treated as constant).
+        advantages: ``[*]`` per-token advantage.
+        token_mask: ``[*]`` bool, True for tokens that are trained on.
+        num_sequences: the optimizer step's total number of sequences (>= 1).
+        clip_epsilon: eps > 0 of the clip range ``[1 - eps, 1 + eps]``.
+
+    Returns:
+        :class:`PolicyLossOutput` with ``importance_weights`` equal to the raw ratio; ``clipped_fraction`` is
+        the share of masked-in tokens where the clipped term is strictly smaller than the unclipped one, i.e.
+        where clipping zeroes the token's gradient.
+
+    Reference: Piché et al. 2025, arXiv 2509.19128, §"Numbers to implement" (PPO clip option);
+    Schulman et al. 2017, arXiv 1707.06347, eq. 7.
+    """
+    _validate(logprobs, behaviour_logprobs, advantages, token_mask, num_sequences)
+    if not clip_epsilon > 0:
+        raise ValueError(f"clip_epsilon must be > 0, got {clip_epsilon}")
+
+    log_ratio = _masked_log_ratio(logprobs, behaviour_logprobs, token_mask)
+    differentiable_ratio = torch.exp(log_ratio)
+    masked_advantages = torch.where(token_mask, advantages.to(log_ratio.dtype), torch.zeros_like(log_ratio))
+
+    unclipped = differentiable_ratio * masked_advantages
+    clipped = torch.clamp(differentiable_ratio, 1.0 - clip_epsilon, 1.0 + clip_epsilon) * masked_advantages
+    per_token = torch.minimum(unclipped, clipped)
+    per_token = torch.where(token_mask, per_token, torch.zeros_like(per_token))
+    loss = -per_token.sum() / num_sequences
+
+    ratio = torch.where(token_mask, differentiable_ratio.detach(), torch.zeros_like(log_ratio))
+    return PolicyLossOutput(
+        loss=loss,
+        ratio=ratio,
+        importance_weights=ratio,
+        clipped_fraction=_fraction(clipped.detach() < unclipped.detach(), token_mask),
+    )

@@ -1,0 +1,275 @@
+"""The actor stage: generation with H sequences in flight and weights that change in flight.
+
+Loop (paper §3): push finished sequences downstream as rollouts; refill up to H in-flight
+sequences with the next prompts (G samples each); weight updates arrive meanwhile. A receiver
+thread takes each ``WeightUpdate`` notice, receives the tensors over the weight group into
+staging buffers (generation goes on), and then, by mode:
+
+* ``pipeline``: loads them at once, between two decode steps, keeping in-flight sequences;
+* ``conventional``: the round's G·B samples were generated with frozen weights and the actor is
+  waiting; the weights load before the next round;
+* ``async``: the actor keeps its weights until it is ``max_lag`` versions behind, then stops
+  admitting prompts, lets in-flight sequences finish, and loads the newest weights: every
+  sequence is written by one version.
+
+Run: ``python -m pipelinerl.workers.actor --run-dir runs/<id> --actor-id 0`` (the launcher does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
+from pipelinerl.tasks.base import Problem
+
+logger = logging.getLogger("pipelinerl.actor")
+
+
+@dataclass(frozen=True)
+class PendingSample:
+    problem: Problem
+    group_id: str
+    group_size: int
+
+
+def prompt_stream(problems: list[Problem], seed: int, actor_id: int, num_actors: int) -> Iterator[Problem]:
+    """Train problems in a seeded order, epoch after epoch; actor k takes every num_actors-th."""
+    for epoch in itertools.count():
+        order = np.random.default_rng([seed, epoch]).permutation(len(problems))
+        for index in order[actor_id::num_actors]:
+            yield problems[int(index)]
+
+
+class StagedWeights:
+    """The newest weights received, waiting to be loaded into the engine."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.version = -1
+        self.names: list[str] = []
+        self.tensors: list = []  # list[torch.Tensor]
+
+    def load_into(self, model) -> None:  # type: ignore[no-untyped-def]
+        parameters = dict(model.named_parameters())
+        for name, tensor in zip(self.names, self.tensors, strict=True):
+            parameters[name].data.copy_(tensor)
+
+
+class Actor:
+    def __init__(self, config: PipelineConfig, run_dir: Path, actor_id: int, model_path: Path) -> None:
+        import torch
+        import zmq
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from pipelinerl.platform.transport import Receiver, Sender
+        from pipelinerl.platform.weights import WeightGroup
+        from pipelinerl.tasks import get_task
+        from pipelinerl.tasks.tokenizer import encode_prompt
+        from pipelinerl.workers.transformers_engine import TransformersEngine
+
+        self.config = config
+        self.actor_id = actor_id
+        self.run_id = run_dir.name
+        torch.manual_seed(config.run.seed * 1000 + actor_id)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        task = get_task(config.task.name)
+        problems = task.problems("train", config.task.train_problems, config.run.seed)
+        self.prompts = prompt_stream(problems, config.run.seed, actor_id, config.actor.num_actors)
+        self.encode_prompt = encode_prompt
+        max_prompt_tokens = max(len(encode_prompt(self.tokenizer, p.prompt)) for p in problems)
+        self.engine = TransformersEngine(
+            model,
+            eos_token_id=self.tokenizer.eos_token_id,
+            max_in_flight=config.actor.max_in_flight,
+            max_new_tokens=config.actor.max_new_tokens,
+            max_prompt_tokens=max_prompt_tokens,
+            temperature=config.actor.temperature,
+            kv_block_size=config.actor.kv_block_size,
+            kv_cache_blocks=config.actor.kv_cache_blocks,
+            seed=config.run.seed * 1000 + actor_id,
+        )
+        transport = config.transport
+        self.context = zmq.Context()
+        self.rollouts = Sender(
+            self.context,
+            transport.address("rollouts"),
+            "push",
+            bind=False,
+            high_water_mark=transport.queue_size,
+        )
+        self.notices = Receiver(self.context, transport.address("weights"), "sub", bind=False)
+        self.weight_group = WeightGroup(
+            transport.host, transport.port("weight_group"), 1 + actor_id, 1 + config.actor.num_actors
+        )
+        self.pending: dict[str, PendingSample] = {}
+        self.staged = StagedWeights()
+        self.stop = threading.Event()
+        self.weights_ready = threading.Condition()
+        self.pause_seconds: list[float] = []
+        self.tokens_generated = 0
+
+    # ----- weights: receiver thread -----
+
+    def receive_weights(self) -> None:
+        from pipelinerl.platform.weights import receive_buffers
+
+        while not self.stop.is_set():
+            notice = self.notices.recv(timeout_s=0.2)
+            if isinstance(notice, Shutdown):
+                logger.info("shutdown: %s", notice.reason)
+                self.stop.set()
+            elif isinstance(notice, WeightUpdate):
+                buffers = receive_buffers(notice.parameter_shapes, notice.parameter_dtypes)
+                self.weight_group.broadcast(buffers)
+                with self.staged.lock:
+                    self.staged.version = notice.policy_version
+                    self.staged.names = list(notice.parameter_names)
+                    self.staged.tensors = buffers
+                if self.config.run.mode != "async":
+                    self.apply_staged()
+                with self.weights_ready:
+                    self.weights_ready.notify_all()
+
+    def apply_staged(self) -> None:
+        with self.staged.lock:
+            if self.staged.version <= self.engine.policy_version:
+                return
+            pause = self.engine.update_weights(self.staged.version, self.staged.load_into)
+        self.pause_seconds.append(pause)
+        logger.info(
+            "weights v%d loaded in flight (pause %.1f ms, %d in flight)",
+            self.engine.policy_version,
+            1000 * pause,
+            self.engine.num_in_flight,
+        )
+
+    # ----- generation -----
+
+    def submit_group(self) -> None:
+        problem = next(self.prompts)
+        group_id = uuid.uuid4().hex
+        prompt_ids = self.encode_prompt(self.tokenizer, problem.prompt)
+        for _ in range(self.config.rl.group_size):
+            request_id = uuid.uuid4().hex
+            self.pending[request_id] = PendingSample(problem, group_id, self.config.rl.group_size)
+            self.engine.submit(request_id, prompt_ids)
+
+    def push_finished(self, timeout_s: float) -> int:
+        finished = self.engine.poll(timeout_s)
+        for sequence in finished:
+            sample = self.pending.pop(sequence.request_id)
+            self.tokens_generated += len(sequence.completion_token_ids)
+            rollout = Rollout(
+                rollout_id=sequence.request_id,
+                run_id=self.run_id,
+                group_id=sample.group_id,
+                group_size=sample.group_size,
+                problem_id=sample.problem.problem_id,
+                split="train",
+                actor_id=self.actor_id,
+                prompt_token_ids=np.asarray(sequence.prompt_token_ids, dtype=np.int32),
+                completion_token_ids=np.asarray(sequence.completion_token_ids, dtype=np.int32),
+                behaviour_logprobs=np.asarray(sequence.behaviour_logprobs, dtype=np.float32),
+                token_versions=np.asarray(sequence.token_versions, dtype=np.int32),
+                finished=sequence.finished,
+                completion_text=self.tokenizer.decode(
+                    sequence.completion_token_ids, skip_special_tokens=True
+                ),
+                created_at=time.time(),
+            )
+            while not self.rollouts.send(rollout, timeout_s=1.0):
+                if self.stop.is_set():
+                    return len(finished)
+        return len(finished)
+
+    def run_pipeline(self) -> None:
+        """Keep H in flight; pipeline mode loads weights from the receiver thread, async here."""
+        group_size = self.config.rl.group_size
+        max_lag = self.config.run.max_lag
+        draining = False
+        while not self.stop.is_set():
+            if self.config.run.mode == "async":
+                if self.staged.version - self.engine.policy_version >= max_lag:
+                    draining = True
+                if draining and self.engine.num_in_flight == 0:
+                    self.apply_staged()
+                    draining = False
+            while not draining and self.engine.num_in_flight + group_size <= self.config.actor.max_in_flight:
+                self.submit_group()
+            self.push_finished(timeout_s=0.05)
+
+    def run_conventional(self) -> None:
+        """Rounds: G·B samples with frozen weights, then wait for the weights after G trainer steps."""
+        steps = self.config.run.steps_per_round
+        round_groups = steps * self.config.rl.batch_size // self.config.rl.group_size
+        while not self.stop.is_set():
+            round_version = self.engine.policy_version
+            to_submit = round_groups
+            while (to_submit or self.engine.num_in_flight) and not self.stop.is_set():
+                while to_submit and self.engine.num_in_flight + self.config.rl.group_size <= max(
+                    self.config.actor.max_in_flight, self.config.rl.group_size
+                ):
+                    self.submit_group()
+                    to_submit -= 1
+                self.push_finished(timeout_s=0.05)
+            next_version = round_version + steps
+            with self.weights_ready:
+                self.weights_ready.wait_for(
+                    lambda: self.stop.is_set() or self.engine.policy_version >= next_version  # noqa: B023
+                )
+
+    def run(self) -> None:
+        receiver = threading.Thread(target=self.receive_weights, name="weights", daemon=True)
+        receiver.start()
+        try:
+            if self.config.run.mode == "conventional":
+                self.run_conventional()
+            else:
+                self.run_pipeline()
+        finally:
+            self.stop.set()
+            receiver.join(timeout=5)
+            self.engine.close()
+            self.rollouts.close()
+            self.notices.close()
+            pauses = np.array(self.pause_seconds or [0.0]) * 1000
+            logger.info(
+                "actor %d: %d tokens, %d updates, pause median %.1f ms p99 %.1f ms",
+                self.actor_id,
+                self.tokens_generated,
+                len(self.pause_seconds),
+                float(np.median(pauses)),
+                float(np.percentile(pauses, 99)),
+            )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--actor-id", type=int, default=0)
+    parser.add_argument("--model-path", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s actor{args.actor_id} %(levelname)s %(message)s"
+    )
+    config = PipelineConfig.model_validate_json((args.run_dir / "config.json").read_text())
+    import torch
+
+    torch.set_num_threads(config.actor.torch_threads)
+    Actor(config, args.run_dir, args.actor_id, args.model_path).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""The preprocessor stage: rewards, leave-one-out advantages, and train batches of B sequences.
+
+Rollouts arrive from the actors one finished sequence at a time. A group (the G samples of one
+prompt) is scored by the task's verifier once it is complete; its advantages are leave-one-out
+(paper §2: A_i = R_i − mean_{j≠i} R_j). Complete groups fill a batch of ``rl.batch_size``
+sequences, packed into micro-batches by padded-token budget, which goes to the trainer. Nothing is
+dropped silently: a duplicate rollout id or a rollout of an unknown problem is counted and logged.
+
+Run: ``python -m pipelinerl.workers.preprocessor --run-dir runs/<id>`` (the launcher does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.wire import Rollout, Shutdown, TrainBatch, TrainSequence
+from pipelinerl.rl import leave_one_out_advantages, pack_micro_batches
+from pipelinerl.tasks import get_task
+from pipelinerl.tasks.base import Problem, Task
+
+logger = logging.getLogger("pipelinerl.preprocessor")
+
+
+@dataclass
+class BatchBuilder:
+    """Pure logic: groups in, batches out."""
+
+    task: Task
+    problems: dict[str, Problem]
+    batch_size: int
+    micro_batch_tokens: int
+    normalize_advantages: bool
+    groups: dict[str, list[Rollout]] = field(default_factory=lambda: defaultdict(list))
+    ready: list[TrainSequence] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+    batches_made: int = 0
+    rejected: int = 0
+
+    def add(self, rollout: Rollout) -> list[TrainBatch]:
+        """Take one rollout; return the batches that became complete (usually none or one)."""
+        if rollout.rollout_id in self.seen:
+            self.rejected += 1
+            logger.warning("duplicate rollout %s rejected", rollout.rollout_id)
+            return []
+        if rollout.problem_id not in self.problems:
+            self.rejected += 1
+            logger.warning("rollout %s names unknown problem %s", rollout.rollout_id, rollout.problem_id)
+            return []
+        self.seen.add(rollout.rollout_id)
+        group = self.groups[rollout.group_id]
+        group.append(rollout)
+        if len(group) == rollout.group_size:
+            del self.groups[rollout.group_id]
+            self.ready.extend(self.score_group(group))
+        batches = []
+        while len(self.ready) >= self.batch_size:
+            sequences, self.ready = self.ready[: self.batch_size], self.ready[self.batch_size :]
+            batches.append(self.make_batch(sequences))
+        return batches
+
+    def score_group(self, group: list[Rollout]) -> list[TrainSequence]:
+        rewards = [self.task.verify(self.problems[r.problem_id], r.completion_text) for r in group]
+        advantages = leave_one_out_advantages(
+            torch.tensor([rewards], dtype=torch.float32), normalize_std=self.normalize_advantages
+        )[0].tolist()
+        return [
+            TrainSequence(
+                rollout_id=r.rollout_id,
+                group_id=r.group_id,
+                prompt_token_ids=r.prompt_token_ids,
+                completion_token_ids=r.completion_token_ids,
+                behaviour_logprobs=r.behaviour_logprobs,
+                token_versions=r.token_versions,
+                reward=reward,
+                advantage=advantage,
+                finished=r.finished,
+            )
+            for r, reward, advantage in zip(group, rewards, advantages, strict=True)
+        ]
+
+    def make_batch(self, sequences: list[TrainSequence]) -> TrainBatch:
+        lengths = [len(s.prompt_token_ids) + len(s.completion_token_ids) for s in sequences]
+        batch = TrainBatch(
+            batch_index=self.batches_made,
+            sequences=sequences,
+            micro_batches=pack_micro_batches(lengths, self.micro_batch_tokens),
+            created_at=time.time(),
+        )
+        self.batches_made += 1
+        return batch
+
+
+def run(config: PipelineConfig) -> None:
+    import zmq
+
+    from pipelinerl.platform.transport import Receiver, Sender
+
+    task = get_task(config.task.name)
+    problems = {p.problem_id: p for p in task.problems("train", config.task.train_problems, config.run.seed)}
+    builder = BatchBuilder(
+        task=task,
+        problems=problems,
+        batch_size=config.rl.batch_size,
+        micro_batch_tokens=config.trainer.micro_batch_tokens,
+        normalize_advantages=config.rl.normalize_advantages,
+    )
+    context = zmq.Context()
+    transport = config.transport
+    rollouts = Receiver(
+        context, transport.address("rollouts"), "pull", bind=True, high_water_mark=transport.queue_size
+    )
+    # A small queue towards the trainer: batches wait here, not in memory, when the trainer is busy.
+    batches = Sender(context, transport.address("batches"), "push", bind=True, high_water_mark=2)
+    notices = Receiver(context, transport.address("weights"), "sub", bind=False)
+    try:
+        while True:
+            notice = notices.recv(timeout_s=0)
+            if isinstance(notice, Shutdown):
+                logger.info("shutdown: %s", notice.reason)
+                return
+            message = rollouts.recv(timeout_s=0.5)
+            if isinstance(message, Rollout):
+                for batch in builder.add(message):
+                    while not batches.send(batch, timeout_s=1.0):
+                        if isinstance(notices.recv(timeout_s=0), Shutdown):
+                            return
+            elif message is not None:
+                logger.warning("ignoring unexpected %s on the rollout socket", type(message).__name__)
+    finally:
+        logger.info(
+            "preprocessor: %d batches, %d rejected rollouts, %d malformed frames",
+            builder.batches_made,
+            builder.rejected,
+            rollouts.malformed_count,
+        )
+        for socket in (rollouts, batches, notices):
+            socket.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s preprocessor %(levelname)s %(message)s")
+    config = PipelineConfig.model_validate_json((args.run_dir / "config.json").read_text())
+    torch.set_num_threads(1)
+    run(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""The trainer stage: a DeepSpeed engine taking one optimizer step per train batch.
+
+Loop (paper §3): take the next batch of B sequences from the preprocessor, compute the RL loss
+(``rl/``) over its micro-batches, one optimizer step, policy version +1, then publish the new
+weights: a ``WeightUpdate`` notice over ZeroMQ PUB and one gloo broadcast per tensor to the actors.
+In ``conventional`` mode weights are published only every G steps (after a whole round).
+
+Every step appends one JSON record to ``metrics.jsonl`` (loss, reward, ESS, lag statistics,
+tokens, samples, step and wait time) and its per-token data to ``tokens/step_XXXXXX.npz``, from
+which the statistics can be recomputed. At the end the final policy is saved in Hugging Face
+format under ``final/``.
+
+Run: ``python -m pipelinerl.workers.trainer --run-dir runs/<id> --rank 0`` (the launcher does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.wire import Shutdown, TrainBatch, WeightUpdate
+
+logger = logging.getLogger("pipelinerl.trainer")
+
+BATCH_WAIT_S = 1.0  # how long one receive waits before the loop checks its deadline again
+
+
+def deepspeed_config(config: PipelineConfig) -> dict[str, Any]:
+    trainer = config.trainer
+    ds_config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        # The number of micro-batches varies per step (packing), so step() is the boundary.
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": trainer.grad_clip,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": trainer.learning_rate, "weight_decay": trainer.weight_decay, "torch_adam": True},
+        },
+        "zero_optimization": {"stage": trainer.zero_stage},
+        "steps_per_print": 10**9,
+    }
+    if trainer.warmup_steps:
+        ds_config["scheduler"] = {
+            "type": "WarmupLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": trainer.learning_rate,
+                "warmup_num_steps": trainer.warmup_steps,
+                "warmup_type": "linear",
+            },
+        }
+    return ds_config
+
+
+def publishes_after(config: PipelineConfig, policy_version: int) -> bool:
+    """Whether the weights of ``policy_version`` go to the actors (conventional: once per round)."""
+    if config.run.mode == "conventional":
+        return policy_version % config.run.steps_per_round == 0
+    return True
+
+
+class Trainer:
+    def __init__(self, config: PipelineConfig, run_dir: Path, rank: int, model_path: Path) -> None:
+        import deepspeed
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from pipelinerl.platform.transport import Receiver, Sender
+        from pipelinerl.platform.weights import WeightGroup
+
+        self.config = config
+        self.run_dir = run_dir
+        self.rank = rank
+        self.torch = torch
+        torch.manual_seed(config.run.seed)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        deepspeed.init_distributed(dist_backend="gloo")
+        self.engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(), config=deepspeed_config(config)
+        )
+        self.deepspeed = deepspeed
+        self.policy_version = 0
+        self.samples_trained = 0
+        self.tokens_trained = 0
+        self.consumed: set[str] = set()
+        import zmq
+
+        self.zmq_context = zmq.Context()
+        transport = config.transport
+        self.batches = Receiver(
+            self.zmq_context, transport.address("batches"), "pull", bind=False, high_water_mark=2
+        )
+        self.notices: Sender | None = None
+        self.weight_group: WeightGroup | None = None
+        if rank == 0:
+            self.notices = Sender(self.zmq_context, transport.address("weights"), "pub", bind=True)
+            self.weight_group = WeightGroup(
+                transport.host, transport.port("weight_group"), 0, 1 + config.actor.num_actors
+            )
+        (run_dir / "tokens").mkdir(exist_ok=True)
+
+    def run(self) -> None:
+        config = self.config
+        started = time.time()
+        metrics_path = self.run_dir / "metrics.jsonl"
+        with metrics_path.open("a") as metrics_file:
+            while self.policy_version < config.run.max_steps:
+                if time.time() - started > config.run.max_wall_s:
+                    logger.warning("max_wall_s=%s reached; stopping early", config.run.max_wall_s)
+                    break
+                wait_started = time.perf_counter()
+                batch = self._next_batch(started)
+                if batch is None:
+                    break
+                wait_s = time.perf_counter() - wait_started
+                record = self._train_step(batch)
+                record["trainer/wait_s"] = wait_s
+                record["time"] = time.time()
+                record["wall_s"] = time.time() - started
+                if publishes_after(config, self.policy_version):
+                    record["weights/broadcast_ms"] = 1000 * self._publish()
+                if self.rank == 0:
+                    metrics_file.write(json.dumps(record) + "\n")
+                    metrics_file.flush()
+        self._finish()
+
+    def _next_batch(self, started: float) -> TrainBatch | None:
+        while time.time() - started < self.config.run.max_wall_s:
+            message = self.batches.recv(timeout_s=BATCH_WAIT_S)
+            if isinstance(message, TrainBatch):
+                return message
+            if isinstance(message, Shutdown):
+                logger.info("shutdown requested: %s", message.reason)
+                return None
+            if message is not None:
+                logger.warning("ignoring unexpected %s on the batch socket", type(message).__name__)
+        return None
+
+    def _train_step(self, batch: TrainBatch) -> dict[str, Any]:
+        from pipelinerl.rl import effective_sample_size, lag_statistics, token_lags
+        from pipelinerl.workers.policy_step import concat_records, micro_batch_loss
+
+        torch = self.torch
+        config = self.config
+        step_started = time.perf_counter()
+        fresh = [seq for seq in batch.sequences if seq.rollout_id not in self.consumed]
+        if len(fresh) < len(batch.sequences):
+            logger.warning(
+                "batch %d: dropped %d already-trained rollouts",
+                batch.batch_index,
+                len(batch.sequences) - len(fresh),
+            )
+        self.consumed.update(seq.rollout_id for seq in fresh)
+        by_id = {seq.rollout_id: seq for seq in fresh}
+        micro_batches = [
+            [batch.sequences[i] for i in indices if batch.sequences[i].rollout_id in by_id]
+            for indices in batch.micro_batches
+        ]
+        micro_batches = [mb for mb in micro_batches if mb]
+        records, losses, clipped = [], [], []
+        self.engine.train()
+        for sequences in micro_batches:
+            result = micro_batch_loss(
+                self.engine,
+                sequences,
+                num_sequences=len(fresh),
+                loss_name=config.rl.loss,
+                is_cap=config.rl.is_cap,
+                ppo_clip_epsilon=config.rl.ppo_clip_epsilon,
+                temperature=config.actor.temperature,
+            )
+            self.engine.backward(result.loss)
+            records.append(result.tokens)
+            losses.append(float(result.loss.detach()))
+            clipped.append(result.clipped_fraction)
+        self.engine.step()
+        trained_at = self.policy_version
+        self.policy_version += 1
+        tokens = concat_records(records)
+        lags = token_lags(trained_at, torch.from_numpy(tokens.token_versions.astype(np.int64)))
+        lag = lag_statistics(lags, torch.from_numpy(tokens.token_positions.astype(np.int64)))
+        ess = effective_sample_size(torch.from_numpy(tokens.ratio))
+        self.samples_trained += len(fresh)
+        self.tokens_trained += len(tokens.ratio)
+        np.savez_compressed(
+            self.run_dir / "tokens" / f"step_{self.policy_version:06d}_rank{self.rank}.npz",
+            trained_at_version=np.int64(trained_at),
+            **{name: getattr(tokens, name) for name in tokens.__dataclass_fields__},
+        )
+        rewards = np.array([seq.reward for seq in fresh], dtype=np.float64)
+        spans = [len(set(np.asarray(seq.token_versions).tolist())) for seq in fresh]
+        return {
+            "step": self.policy_version,
+            "policy_version": self.policy_version,
+            "trained_at_version": trained_at,
+            "rl/loss": float(np.sum(losses)),
+            "rl/reward_mean": float(rewards.mean()) if len(rewards) else 0.0,
+            "rl/ess": ess,
+            "rl/clipped_fraction": float(np.mean(clipped)) if clipped else 0.0,
+            "lag/mean": lag.mean,
+            "lag/p50": lag.p50,
+            "lag/p90": lag.p90,
+            "lag/max": lag.max,
+            "lag/histogram": lag.histogram,
+            "lag/by_position": lag.mean_by_position,
+            "lag/position_bucket_size": lag.position_bucket_size,
+            "samples": len(fresh),
+            "tokens": len(tokens.ratio),
+            "samples/trained": self.samples_trained,
+            "tokens/trained": self.tokens_trained,
+            "inflight_sequences": sum(1 for span in spans if span > 1),
+            "completion_len_mean": float(np.mean([len(seq.completion_token_ids) for seq in fresh])),
+            "trainer/step_s": time.perf_counter() - step_started,
+            "micro_batches": len(micro_batches),
+        }
+
+    def _parameters(self) -> list[tuple[str, Any]]:
+        return list(self.engine.module.named_parameters(remove_duplicate=True))
+
+    def _publish(self) -> float:
+        """Notice + broadcast of the current weights to every actor; returns seconds taken."""
+        if self.weight_group is None or self.notices is None:
+            return 0.0
+        from pipelinerl.platform.weights import dtype_name
+
+        named = self._parameters()
+        params = [param for _, param in named]
+        started = time.perf_counter()
+        with self.deepspeed.zero.GatheredParameters(params, enabled=self.config.trainer.zero_stage == 3):
+            tensors = [param.detach() for param in params]
+            self.notices.send(
+                WeightUpdate(
+                    policy_version=self.policy_version,
+                    parameter_names=[name for name, _ in named],
+                    parameter_shapes=[list(t.shape) for t in tensors],
+                    parameter_dtypes=[dtype_name(t) for t in tensors],
+                    samples_trained=self.samples_trained,
+                    created_at=time.time(),
+                )
+            )
+            self.weight_group.broadcast(tensors)
+        return time.perf_counter() - started
+
+    def _finish(self) -> None:
+        params = [param for _, param in self._parameters()]
+        with self.deepspeed.zero.GatheredParameters(params, enabled=self.config.trainer.zero_stage == 3):
+            if self.rank == 0:
+                self.engine.module.save_pretrained(self.run_dir / "final")
+        if self.notices is not None:
+            for _ in range(3):  # PUB/SUB may drop one; actors treat repeats as one
+                self.notices.send(Shutdown(reason=f"trainer finished at version {self.policy_version}"))
+                time.sleep(0.05)
+        (self.run_dir / f"trainer{self.rank}.done").write_text(
+            json.dumps({"policy_version": self.policy_version})
+        )
+        self.batches.close()
+        if self.notices is not None:
+            self.notices.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--model-path", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s trainer{args.rank} %(levelname)s %(message)s"
+    )
+    config = PipelineConfig.model_validate_json((args.run_dir / "config.json").read_text())
+    import torch
+
+    torch.set_num_threads(config.trainer.torch_threads)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    Trainer(config, args.run_dir, args.rank, args.model_path).run()
+
+
+if __name__ == "__main__":
+    main()
