@@ -161,9 +161,16 @@ class TransportConfig(Section):
     def port(self, role: str) -> int:
         return self.base_port + PORTS.index(role)
 
+    def trainer_inbox(self, rank: int) -> str:
+        """Where trainer ``rank`` receives its batches (each rank binds its own)."""
+        return f"tcp://{self.host}:{self.base_port + len(PORTS) + rank}"
 
-# Port offsets from transport.base_port, in this order.
-PORTS = ("rollouts", "batches", "weights", "weight_group", "trainer_dist", "stats")
+    def all_bound_addresses(self, trainer_ranks: int) -> list[str]:
+        return [self.address(role) for role in PORTS] + [self.trainer_inbox(r) for r in range(trainer_ranks)]
+
+
+# Port offsets from transport.base_port, in this order; trainer inboxes follow, one per rank.
+PORTS = ("rollouts", "weights", "weight_group", "trainer_dist")
 
 
 class PipelineConfig(Section):

@@ -69,9 +69,7 @@ class ArithmeticTask:
 
     def __init__(self, digit_weights: tuple[float, ...] = DEFAULT_DIGIT_WEIGHTS) -> None:
         if not digit_weights or any(weight < 0 for weight in digit_weights) or sum(digit_weights) <= 0:
-            raise ValueError(
-                f"digit_weights must be non-negative with a positive sum, got {digit_weights!r}"
-            )
+            raise ValueError(f"digit_weights must be non-negative with a positive sum, got {digit_weights!r}")
         self.digit_weights = tuple(float(weight) for weight in digit_weights)
 
     def problems(self, split: Split, count: int, seed: int) -> list[Problem]:

@@ -82,11 +82,10 @@ def new_run_id(mode: str) -> str:
 
 def preflight(config: PipelineConfig) -> None:
     """Fail before any process starts: ports in use, a missing model directory."""
-    from pipelinerl.platform.config import PORTS
     from pipelinerl.platform.transport import check_bindable
 
-    for role in PORTS:
-        check_bindable(config.transport.address(role))
+    for address in config.transport.all_bound_addresses(config.trainer.num_processes):
+        check_bindable(address, setting="transport.base_port")
 
 
 def resolve_model(config: PipelineConfig, console: Any = None) -> Path:

@@ -117,8 +117,10 @@ def run(config: PipelineConfig) -> None:
     rollouts = Receiver(
         context, transport.address("rollouts"), "pull", bind=True, high_water_mark=transport.queue_size
     )
-    # A small queue towards the trainer: batches wait here, not in memory, when the trainer is busy.
-    batches = Sender(context, transport.address("batches"), "push", bind=True, high_water_mark=2)
+    # A small queue towards the trainer: when it is busy, rollouts back up to the actors.
+    batches = Sender(context, transport.trainer_inbox(0), "push", bind=False, high_water_mark=2)
+    for rank in range(1, config.trainer.num_processes):  # PUSH deals batches out round-robin
+        batches.socket.connect(transport.trainer_inbox(rank))
     notices = Receiver(context, transport.address("weights"), "sub", bind=False)
     try:
         while True:

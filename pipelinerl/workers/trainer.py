@@ -61,6 +61,11 @@ def deepspeed_config(config: PipelineConfig) -> dict[str, Any]:
     return ds_config
 
 
+def _version_span(sequence: Any) -> int:
+    """How many policy versions wrote this sequence (2+: it was in flight during an update)."""
+    return len(np.unique(np.asarray(sequence.token_versions)))
+
+
 def publishes_after(config: PipelineConfig, policy_version: int) -> bool:
     """Whether the weights of ``policy_version`` go to the actors (conventional: once per round)."""
     if config.run.mode == "conventional":
@@ -96,8 +101,13 @@ class Trainer:
 
         self.zmq_context = zmq.Context()
         transport = config.transport
+        # The trainer binds its inbox; with several ranks, PUSH hands batches out round-robin.
         self.batches = Receiver(
-            self.zmq_context, transport.address("batches"), "pull", bind=False, high_water_mark=2
+            self.zmq_context,
+            transport.trainer_inbox(rank),
+            "pull",
+            bind=True,
+            high_water_mark=2,
         )
         self.notices: Sender | None = None
         self.weight_group: WeightGroup | None = None
@@ -185,27 +195,38 @@ class Trainer:
         self.engine.step()
         trained_at = self.policy_version
         self.policy_version += 1
-        tokens = concat_records(records)
-        lags = token_lags(trained_at, torch.from_numpy(tokens.token_versions.astype(np.int64)))
-        lag = lag_statistics(lags, torch.from_numpy(tokens.token_positions.astype(np.int64)))
-        ess = effective_sample_size(torch.from_numpy(tokens.ratio))
-        self.samples_trained += len(fresh)
-        self.tokens_trained += len(tokens.ratio)
+        local = concat_records(records)
         np.savez_compressed(
             self.run_dir / "tokens" / f"step_{self.policy_version:06d}_rank{self.rank}.npz",
             trained_at_version=np.int64(trained_at),
-            **{name: getattr(tokens, name) for name in tokens.__dataclass_fields__},
+            **{name: getattr(local, name) for name in local.__dataclass_fields__},
         )
-        rewards = np.array([seq.reward for seq in fresh], dtype=np.float64)
-        spans = [len(set(np.asarray(seq.token_versions).tolist())) for seq in fresh]
+        # Statistics over the whole step: every rank's tokens and sequences.
+        parts = self._gather(
+            (
+                local,
+                [seq.reward for seq in fresh],
+                [_version_span(seq) for seq in fresh],
+                [len(seq.completion_token_ids) for seq in fresh],
+                float(np.sum(losses)),
+            )
+        )
+        tokens = concat_records([part[0] for part in parts])
+        rewards = np.array([r for part in parts for r in part[1]], dtype=np.float64)
+        spans = [span for part in parts for span in part[2]]
+        lengths = [n for part in parts for n in part[3]]
+        lags = token_lags(trained_at, torch.from_numpy(tokens.token_versions.astype(np.int64)))
+        lag = lag_statistics(lags, torch.from_numpy(tokens.token_positions.astype(np.int64)))
+        self.samples_trained += len(rewards)
+        self.tokens_trained += len(tokens.ratio)
         return {
             "step": self.policy_version,
             "policy_version": self.policy_version,
             "trained_at_version": trained_at,
-            "rl/loss": float(np.sum(losses)),
-            "rl/reward_mean": float(rewards.mean()) if len(rewards) else 0.0,
-            "rl/ess": ess,
-            "rl/clipped_fraction": float(np.mean(clipped)) if clipped else 0.0,
+            "rl/loss": float(np.mean([part[4] for part in parts])),
+            "rl/reward_mean": float(rewards.mean()),
+            "rl/ess": effective_sample_size(torch.from_numpy(tokens.ratio)),
+            "rl/clipped_fraction": float(np.mean(clipped)),
             "lag/mean": lag.mean,
             "lag/p50": lag.p50,
             "lag/p90": lag.p90,
@@ -213,15 +234,24 @@ class Trainer:
             "lag/histogram": lag.histogram,
             "lag/by_position": lag.mean_by_position,
             "lag/position_bucket_size": lag.position_bucket_size,
-            "samples": len(fresh),
+            "samples": len(rewards),
             "tokens": len(tokens.ratio),
             "samples/trained": self.samples_trained,
             "tokens/trained": self.tokens_trained,
             "inflight_sequences": sum(1 for span in spans if span > 1),
-            "completion_len_mean": float(np.mean([len(seq.completion_token_ids) for seq in fresh])),
+            "completion_len_mean": float(np.mean(lengths)),
             "trainer/step_s": time.perf_counter() - step_started,
             "micro_batches": len(micro_batches),
         }
+
+    def _gather(self, part: Any) -> list[Any]:
+        """Every rank's ``part`` (one item when training on a single rank)."""
+        dist = self.torch.distributed
+        if dist.get_world_size() == 1:
+            return [part]
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, part)
+        return gathered
 
     def _parameters(self) -> list[tuple[str, Any]]:
         return list(self.engine.module.named_parameters(remove_duplicate=True))

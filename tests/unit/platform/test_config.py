@@ -1,0 +1,96 @@
+"""Configuration: every shipped file validates; bad values fail naming the field, value and rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelinerl.platform.config import MODES, ConfigError, PipelineConfig, flatten, load_config
+
+CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.toml"))
+
+
+def test_configs_are_shipped():
+    assert {path.stem for path in CONFIGS} >= {"pipeline", "conventional", "async"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_every_shipped_config_validates(path):
+    config = load_config(path)
+    if path.stem in MODES:
+        assert config.run.mode == path.stem
+
+
+def test_every_field_has_a_description():
+    def walk(model_type, prefix=""):
+        for name, field in model_type.model_fields.items():
+            assert field.description, f"{prefix}{name} has no description"
+            annotation = field.annotation
+            if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+                walk(annotation, f"{prefix}{name}.")
+
+    walk(PipelineConfig)
+
+
+def test_overrides_are_typed():
+    config = load_config(None, ["run.mode=conventional", "rl.batch_size=64", "actor.temperature=0.7"])
+    assert config.run.mode == "conventional"
+    assert config.rl.batch_size == 64
+    assert config.actor.temperature == 0.7
+
+
+def test_bad_choice_names_field_value_and_choices():
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["run.mode=fast"])
+    message = str(error.value)
+    assert "run.mode" in message and "'fast'" in message
+    assert "pipeline" in message and "conventional" in message and "async" in message
+
+
+def test_bad_number_names_the_bound():
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["rl.group_size=1"])
+    assert "rl.group_size" in str(error.value) and "greater than or equal to 2" in str(error.value)
+
+
+def test_unknown_setting_is_rejected():
+    with pytest.raises(ConfigError, match=r"run\.mdoe: unknown setting"):
+        load_config(None, ["run.mdoe=pipeline"])
+
+
+def test_batch_must_hold_whole_groups():
+    with pytest.raises(ConfigError, match="multiple of rl.group_size"):
+        load_config(None, ["rl.group_size=3", "rl.batch_size=32"])
+
+
+def test_missing_model_directory(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(None, [f"model.path={tmp_path / 'nope'}"])
+
+
+def test_model_directory_without_config(tmp_path):
+    with pytest.raises(ConfigError, match="not a Hugging Face model directory"):
+        load_config(None, [f"model.path={tmp_path}"])
+
+
+def test_non_loopback_host_is_refused():
+    with pytest.raises(ConfigError, match="not a loopback address"):
+        load_config(None, ["transport.host=0.0.0.0"])
+
+
+def test_malformed_override_and_file(tmp_path):
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(None, ["run.mode"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run\nmode = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+
+
+def test_flatten_lists_every_leaf():
+    flat = flatten(load_config())
+    assert flat["run.mode"] == "pipeline"
+    assert "trainer.zero_stage" in flat and "transport.base_port" in flat
