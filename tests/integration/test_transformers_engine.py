@@ -47,7 +47,9 @@ def recompute(old, new, prompt: list[int], tokens: list[int], switch: int) -> li
         sequence = prompt + tokens
         prefix_len = len(prompt) + max(switch - 1, 0)  # inputs fed before the pause
         logprobs_old, cache = token_logprobs(old, sequence[:prefix_len])
-        logprobs_new, _ = token_logprobs(new, sequence[prefix_len : len(prompt) + len(tokens) - 1], past=cache)
+        logprobs_new, _ = token_logprobs(
+            new, sequence[prefix_len : len(prompt) + len(tokens) - 1], past=cache
+        )
     result = []
     for j, token in enumerate(tokens):
         position = len(prompt) + j - 1  # input position whose logits give token j
@@ -72,7 +74,9 @@ def test_in_flight_update_keeps_sequences_and_stamps_exact_versions(random_model
         time.sleep(0.05)  # let a few decode steps happen under the old weights
 
         def load_new(target):
-            for (_, param), (_, source) in zip(target.named_parameters(), new.named_parameters(), strict=True):
+            for (_, param), (_, source) in zip(
+                target.named_parameters(), new.named_parameters(), strict=True
+            ):
                 param.copy_(source)
 
         pause_s = engine.update_weights(1, load_new)

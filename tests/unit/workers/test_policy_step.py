@@ -42,7 +42,11 @@ def direct_logprobs(model, seq, temperature):
 
 
 def test_padded_logprobs_match_per_sequence_forward(model):
-    batch = [sequence([1, 10, 11], [12, 13, 2]), sequence([1, 20], [21, 22, 23, 24, 2]), sequence([1, 5, 6, 7], [2])]
+    batch = [
+        sequence([1, 10, 11], [12, 13, 2]),
+        sequence([1, 20], [21, 22, 23, 24, 2]),
+        sequence([1, 5, 6, 7], [2]),
+    ]
     with torch.no_grad():
         logprobs, mask = completion_logprobs(model, batch, temperature=0.7)
     for row, seq in enumerate(batch):
@@ -52,14 +56,25 @@ def test_padded_logprobs_match_per_sequence_forward(model):
 
 
 def test_token_record_positions_versions_and_ratio(model):
-    batch = [sequence([1, 10], [12, 13, 2], versions=[3, 3, 4]), sequence([1, 20, 21], [22, 2], versions=[4, 4])]
+    batch = [
+        sequence([1, 10], [12, 13, 2], versions=[3, 3, 4]),
+        sequence([1, 20, 21], [22, 2], versions=[4, 4]),
+    ]
     result = micro_batch_loss(
-        model, batch, num_sequences=2, loss_name="truncated_is", is_cap=5.0, ppo_clip_epsilon=0.2, temperature=1.0
+        model,
+        batch,
+        num_sequences=2,
+        loss_name="truncated_is",
+        is_cap=5.0,
+        ppo_clip_epsilon=0.2,
+        temperature=1.0,
     )
     record = result.tokens
     assert record.token_positions.tolist() == [0, 1, 2, 0, 1]
     assert record.token_versions.tolist() == [3, 3, 4, 4, 4]
-    assert record.ratio == pytest.approx(np.exp(record.trainer_logprobs - record.behaviour_logprobs), rel=1e-5)
+    assert record.ratio == pytest.approx(
+        np.exp(record.trainer_logprobs - record.behaviour_logprobs), rel=1e-5
+    )
     assert result.loss.requires_grad
 
 
