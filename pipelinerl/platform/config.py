@@ -139,7 +139,9 @@ class TransportConfig(Section):
     base_port: int = Field(
         47100, ge=1024, le=65000, description="First of the consecutive ports the run uses (see PORTS)."
     )
-    queue_size: int = Field(64, ge=1, description="High-water mark of each PUSH/PULL queue, in messages.")
+    queue_size: int = Field(
+        32, ge=1, description="High-water mark of the rollout queue, in messages (bounds memory and lag)."
+    )
 
     @field_validator("host")
     @classmethod

@@ -118,7 +118,7 @@ def run(config: PipelineConfig) -> None:
         context, transport.address("rollouts"), "pull", bind=True, high_water_mark=transport.queue_size
     )
     # A small queue towards the trainer: when it is busy, rollouts back up to the actors.
-    batches = Sender(context, transport.trainer_inbox(0), "push", bind=False, high_water_mark=2)
+    batches = Sender(context, transport.trainer_inbox(0), "push", bind=False, high_water_mark=1)
     for rank in range(1, config.trainer.num_processes):  # PUSH deals batches out round-robin
         batches.socket.connect(transport.trainer_inbox(rank))
     notices = Receiver(context, transport.address("weights"), "sub", bind=False)

@@ -107,7 +107,7 @@ class Trainer:
             transport.trainer_inbox(rank),
             "pull",
             bind=True,
-            high_water_mark=2,
+            high_water_mark=1,
         )
         self.notices: Sender | None = None
         self.weight_group: WeightGroup | None = None

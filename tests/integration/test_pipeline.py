@@ -1,0 +1,165 @@
+"""The three stages as real processes over real ZeroMQ, a few steps in each mode.
+
+Each run goes through ``launch`` exactly as ``pipelinerl run`` does: pre-flight, stage processes,
+supervision, evaluation, summary. The statistics the trainer logged are recomputed here from the
+per-token data it saved for the same step.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from pipelinerl.platform.config import load_config
+from pipelinerl.workers.launcher import launch
+
+pytestmark = pytest.mark.slow
+
+_next_port = iter(range(47300, 47900, 20))
+
+
+def small_config(tmp_path: Path, model_dir: Path, *overrides: str):
+    return load_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            f"run.output_dir={tmp_path}",
+            "run.max_steps=4",
+            "rl.group_size=4",
+            "rl.batch_size=16",
+            "actor.max_in_flight=16",
+            "task.eval_problems=16",
+            f"transport.base_port={next(_next_port)}",
+            *overrides,
+        ],
+    )
+
+
+def recompute_step(npz_path: Path) -> dict:
+    data = np.load(npz_path)
+    ratio = np.exp(data["trainer_logprobs"].astype(np.float64) - data["behaviour_logprobs"])
+    lags = int(data["trained_at_version"]) - data["token_versions"]
+    return {
+        "rl/ess": ratio.sum() ** 2 / (len(ratio) * (ratio**2).sum()),
+        "lag/mean": lags.mean(),
+        "lag/p50": np.percentile(lags, 50),
+        "lag/p90": np.percentile(lags, 90),
+        "lag/max": lags.max(),
+        "tokens": len(lags),
+    }
+
+
+def check_records_against_token_data(result) -> None:
+    for record in result.records:
+        npz = result.run_dir / "tokens" / f"step_{record['policy_version']:06d}_rank0.npz"
+        expected = recompute_step(npz)
+        for key, value in expected.items():
+            assert record[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (key, record["policy_version"])
+
+
+def test_pipeline_mode_updates_in_flight(tmp_path, warm_model_dir):
+    result = launch(small_config(tmp_path, warm_model_dir, "run.mode=pipeline"))
+    summary = result.summary
+    assert summary["steps"] == 4 and summary["final_policy_version"] == 4
+    assert summary["inflight_sequences"] > 0, "some sequences were written by two or more versions"
+    assert [r["policy_version"] for r in result.records] == [1, 2, 3, 4]
+    check_records_against_token_data(result)
+    saved = json.loads((result.run_dir / "summary.json").read_text())
+    assert saved["inflight_sequences"] == summary["inflight_sequences"]
+    assert (result.run_dir / "final" / "config.json").exists()
+
+
+def test_conventional_mode_never_mixes_versions(tmp_path, warm_model_dir):
+    config = small_config(tmp_path, warm_model_dir, "run.mode=conventional", "run.steps_per_round=2")
+    result = launch(config)
+    summary = result.summary
+    assert summary["steps"] == 4
+    assert summary["inflight_sequences"] == 0
+    assert summary["lag_max"] <= config.run.steps_per_round - 1
+    # Round structure: the first step of each round trains fresh samples, the second 1-step-old ones.
+    assert [r["lag/max"] for r in result.records] == [0, 1, 0, 1]
+    check_records_against_token_data(result)
+
+
+def test_async_mode_writes_each_sequence_with_one_version(tmp_path, warm_model_dir):
+    result = launch(small_config(tmp_path, warm_model_dir, "run.mode=async", "run.max_lag=1"))
+    assert result.summary["steps"] == 4
+    assert result.summary["inflight_sequences"] == 0
+    check_records_against_token_data(result)
+
+
+def send_garbage(address: str, count: int) -> None:
+    context = zmq.Context.instance()
+    socket = context.socket(zmq.PUSH)
+    socket.setsockopt(zmq.LINGER, 1000)
+    socket.connect(address)
+    for index in range(count):
+        socket.send_multipart([b"\xc1garbage", str(index).encode()])
+    socket.send(b"not msgpack at all")
+    time.sleep(0.5)
+    socket.close()
+
+
+def test_malformed_frames_are_rejected_and_the_run_continues(tmp_path, warm_model_dir):
+    config = small_config(tmp_path, warm_model_dir, "run.mode=pipeline", "run.max_steps=5")
+    outcome: dict = {}
+
+    def run() -> None:
+        outcome["result"] = launch(config, run_id="garbage")
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    metrics = tmp_path / "garbage" / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not metrics.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert metrics.exists(), "the run never started training"
+    send_garbage(config.transport.address("rollouts"), 5)
+    send_garbage(config.transport.trainer_inbox(0), 5)
+    thread.join(timeout=300)
+    result = outcome["result"]
+    assert result.summary["steps"] == 5
+    logs = result.run_dir / "logs"
+    assert "malformed" in (logs / "preprocessor.log").read_text()
+    assert "malformed" in (logs / "trainer0.log").read_text()
+
+
+def test_actor_logits_equal_trainer_logits_after_updates(tmp_path, warm_model_dir):
+    """Real trainer and preprocessor processes; the actor runs here so its model can be inspected."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipelinerl.workers.actor import Actor
+    from pipelinerl.workers.launcher import build_stages, preflight, stop_stages
+
+    config = small_config(tmp_path, warm_model_dir, "run.mode=pipeline", "run.max_steps=3")
+    preflight(config)
+    run_dir = tmp_path / "in-process-actor"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(config.model_dump_json())
+    stages = [s for s in build_stages(config, run_dir, warm_model_dir) if not s.name.startswith("actor")]
+    try:
+        for stage in stages:
+            stage.start(cwd=Path.cwd())
+        actor = Actor(config, run_dir, 0, warm_model_dir)
+        actor.run()  # returns when the trainer's Shutdown arrives
+        trainer = next(s for s in stages if s.name == "trainer0")
+        assert trainer.process.wait(timeout=120) == 0, trainer.log_tail()
+    finally:
+        stop_stages(stages, grace_s=10)
+    assert actor.engine.policy_version == 3
+    probe = torch.tensor([[1, 30, 31, 32, 40, 33, 34, 35, 36], [1, 41, 42, 43, 44, 45, 46, 47, 48]])
+    trained = AutoModelForCausalLM.from_pretrained(run_dir / "final", dtype=torch.float32).eval()
+    initial = AutoModelForCausalLM.from_pretrained(warm_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        actor_logits = actor.engine.model(input_ids=probe).logits
+        trainer_logits = trained(input_ids=probe).logits
+        initial_logits = initial(input_ids=probe).logits
+    assert torch.allclose(actor_logits, trainer_logits, atol=1e-6, rtol=0)
+    assert not torch.allclose(initial_logits, trainer_logits, atol=1e-4), "training changed the weights"
