@@ -50,3 +50,11 @@ def _isolated_homes(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ.setdefault("PREFECT_HOME", str(home / "prefect"))
     # The DeepSpeed CPU communication op compiles once (about a minute); keep it across test runs.
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
+
+
+@pytest.fixture(scope="session")
+def warm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded default model, warm-started once per test session (the real code path)."""
+    from pipelinerl.workers.warmstart import ensure_warm_start
+
+    return ensure_warm_start(tmp_path_factory.mktemp("warmstart"), task_name="arithmetic", seed=0)

@@ -42,13 +42,10 @@ class WeightGroup:
         started = time.perf_counter()
         for tensor in tensors:
             buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
-            self._group.broadcast(buffer, TRAINER_RANK).wait()
+            self._group.broadcast(buffer, TRAINER_RANK).wait()  # type: ignore[attr-defined]
             if buffer is not tensor:
                 tensor.copy_(buffer)
         return time.perf_counter() - started
-
-    def barrier(self) -> None:
-        self._group.barrier().wait()
 
 
 def receive_buffers(shapes: list[list[int]], dtypes: list[str]) -> list[torch.Tensor]:

@@ -80,23 +80,27 @@ class ArithmeticTask:
         rng = random.Random(f"{self.name}/{split}/{seed}")
         sizes = range(1, len(self.digit_weights) + 1)
         problems: list[Problem] = []
-        while len(problems) < count:
-            longer = rng.choices(sizes, weights=self.digit_weights)[0]
-            a = _random_number(rng, longer)
-            b = _random_number(rng, rng.randint(1, longer))
-            if rng.random() < 0.5:
-                a, b = b, a
-            key = f"{a}+{b}"
-            if _is_eval(key) != (split == "eval"):
-                continue
+        for index in range(count):
+            a, b = self._operands(rng, rng.choices(sizes, weights=self.digit_weights)[0], split)
             problems.append(
                 Problem(
-                    problem_id=f"{self.name}-{split}-{seed}-{len(problems)}",
-                    prompt=f"{key}\n",
+                    problem_id=f"{self.name}-{split}-{seed}-{index}",
+                    prompt=f"{a}+{b}\n",
                     answer=str(a + b),
                 )
             )
         return problems
+
+    @staticmethod
+    def _operands(rng: random.Random, longer: int, split: Split) -> tuple[int, int]:
+        # Rejection sampling within the chosen size keeps the digit mix identical in both splits.
+        while True:
+            a = _random_number(rng, longer)
+            b = _random_number(rng, rng.randint(1, longer))
+            if rng.random() < 0.5:
+                a, b = b, a
+            if _is_eval(f"{a}+{b}") == (split == "eval"):
+                return a, b
 
     def verify(self, problem: Problem, completion: str) -> float:
         match = _ANSWER.search(completion)
