@@ -98,7 +98,7 @@ def resolve_model(config: PipelineConfig, console: Any = None) -> Path:
         cache_dir,
         task_name=config.task.name,
         seed=config.run.seed,
-        steps=config.model.warmstart_steps,
+        sft_steps=config.model.warmstart_steps,
         console=console,
     )
 

@@ -85,6 +85,7 @@ class Trainer:
         self.config = config
         self.run_dir = run_dir
         self.rank = rank
+        self.model_path = model_path
         self.torch = torch
         torch.manual_seed(config.run.seed)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -284,7 +285,11 @@ class Trainer:
         params = [param for _, param in self._parameters()]
         with self.deepspeed.zero.GatheredParameters(params, enabled=self.config.trainer.zero_stage == 3):
             if self.rank == 0:
+                from transformers import AutoTokenizer
+
+                # A complete Hugging Face directory: the policy and the tokenizer it was trained with.
                 self.engine.module.save_pretrained(self.run_dir / "final")
+                AutoTokenizer.from_pretrained(self.model_path).save_pretrained(self.run_dir / "final")
         if self.notices is not None:
             for _ in range(3):  # PUB/SUB may drop one; actors treat repeats as one
                 self.notices.send(Shutdown(reason=f"trainer finished at version {self.policy_version}"))

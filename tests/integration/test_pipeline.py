@@ -1,7 +1,9 @@
 """The three stages as real processes over real ZeroMQ, a few steps in each mode.
 
 Each run goes through ``launch`` exactly as ``pipelinerl run`` does: pre-flight, stage processes,
-supervision, evaluation, summary. The statistics the trainer logged are recomputed here from the
+supervision, evaluation, summary. Runs that only check bookkeeping use a small random model (fast,
+no warm-start); the weight-equality test uses the warm-started one so that training really
+changes the weights. The statistics the trainer logged are recomputed here from the
 per-token data it saved for the same step.
 """
 
@@ -63,8 +65,8 @@ def check_records_against_token_data(result) -> None:
             assert record[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (key, record["policy_version"])
 
 
-def test_pipeline_mode_updates_in_flight(tmp_path, warm_model_dir):
-    result = launch(small_config(tmp_path, warm_model_dir, "run.mode=pipeline"))
+def test_pipeline_mode_updates_in_flight(tmp_path, random_model_dir):
+    result = launch(small_config(tmp_path, random_model_dir, "run.mode=pipeline"))
     summary = result.summary
     assert summary["steps"] == 4 and summary["final_policy_version"] == 4
     assert summary["inflight_sequences"] > 0, "some sequences were written by two or more versions"
@@ -75,8 +77,8 @@ def test_pipeline_mode_updates_in_flight(tmp_path, warm_model_dir):
     assert (result.run_dir / "final" / "config.json").exists()
 
 
-def test_conventional_mode_never_mixes_versions(tmp_path, warm_model_dir):
-    config = small_config(tmp_path, warm_model_dir, "run.mode=conventional", "run.steps_per_round=2")
+def test_conventional_mode_never_mixes_versions(tmp_path, random_model_dir):
+    config = small_config(tmp_path, random_model_dir, "run.mode=conventional", "run.steps_per_round=2")
     result = launch(config)
     summary = result.summary
     assert summary["steps"] == 4
@@ -87,8 +89,8 @@ def test_conventional_mode_never_mixes_versions(tmp_path, warm_model_dir):
     check_records_against_token_data(result)
 
 
-def test_async_mode_writes_each_sequence_with_one_version(tmp_path, warm_model_dir):
-    result = launch(small_config(tmp_path, warm_model_dir, "run.mode=async", "run.max_lag=1"))
+def test_async_mode_writes_each_sequence_with_one_version(tmp_path, random_model_dir):
+    result = launch(small_config(tmp_path, random_model_dir, "run.mode=async", "run.max_lag=1"))
     assert result.summary["steps"] == 4
     assert result.summary["inflight_sequences"] == 0
     check_records_against_token_data(result)
@@ -106,8 +108,8 @@ def send_garbage(address: str, count: int) -> None:
     socket.close()
 
 
-def test_malformed_frames_are_rejected_and_the_run_continues(tmp_path, warm_model_dir):
-    config = small_config(tmp_path, warm_model_dir, "run.mode=pipeline", "run.max_steps=5")
+def test_malformed_frames_are_rejected_and_the_run_continues(tmp_path, random_model_dir):
+    config = small_config(tmp_path, random_model_dir, "run.mode=pipeline", "run.max_steps=5")
     outcome: dict = {}
 
     def run() -> None:
