@@ -39,10 +39,20 @@ def _load(config_path: Path | None, overrides: list[str] | None):  # type: ignor
         raise typer.Exit(2) from None
 
 
+def _log_to_console() -> None:
+    """Library progress (the warm-start, warnings) goes through the same console as the live view."""
+    import logging
+
+    from rich.logging import RichHandler
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console)])
+
+
 @app.command()
 def run(config: ConfigOption = None, set_: SetOption = None) -> None:
     """Run the three stages (actor, preprocessor, trainer) on this machine and report what was learned."""
     resolved = _load(config, set_)
+    _log_to_console()
     from pipelinerl.platform.transport import PortInUseError
     from pipelinerl.workers.launcher import StageFailed, launch
     from pipelinerl.workers.progress import ProgressView
@@ -75,6 +85,7 @@ def config_show(config: ConfigOption = None, set_: SetOption = None) -> None:
 def warmstart(config: ConfigOption = None, set_: SetOption = None) -> None:
     """Build (or find in the cache) the embedded tiny model, warm-started on the task."""
     resolved = _load(config, set_)
+    _log_to_console()
     from pipelinerl.workers.launcher import resolve_model
 
     path = resolve_model(resolved, console=console)

@@ -37,7 +37,7 @@ class RunConfig(Section):
         "async: weights change only between sequences (ablation).",
     )
     seed: int = Field(0, ge=0, description="Seed for data order, sampling and model initialisation.")
-    max_steps: int = Field(60, ge=1, description="Optimizer steps (policy versions) to train.")
+    max_steps: int = Field(100, ge=1, description="Optimizer steps (policy versions) to train.")
     max_wall_s: float = Field(
         3600.0, gt=0, description="Stop training after this many seconds even if max_steps is not reached."
     )
@@ -59,8 +59,11 @@ class ModelConfig(Section):
         description="Local Hugging Face model directory. Empty: the embedded tiny model, warm-started "
         "on the task and cached in the platform home.",
     )
-    warmstart_steps: int = Field(
-        600, ge=1, description="Supervised steps of the embedded model's warm-start (ignored with a path)."
+    warmstart_max_steps: int = Field(
+        600,
+        ge=1,
+        description="Most supervised steps of the embedded model's warm-start; it stops earlier once the "
+        "task is partly learned (ignored with a path).",
     )
 
     @field_validator("path")
@@ -124,7 +127,7 @@ class RLConfig(Section):
 class TrainerConfig(Section):
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage.")
     num_processes: int = Field(1, ge=1, le=64, description="Trainer ranks (data parallel).")
-    learning_rate: float = Field(3e-4, gt=0, le=1, description="AdamW learning rate.")
+    learning_rate: float = Field(3e-5, gt=0, le=1, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")

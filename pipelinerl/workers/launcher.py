@@ -98,7 +98,7 @@ def resolve_model(config: PipelineConfig, console: Any = None) -> Path:
         cache_dir,
         task_name=config.task.name,
         seed=config.run.seed,
-        sft_steps=config.model.warmstart_steps,
+        max_steps=config.model.warmstart_max_steps,
         console=console,
     )
 

@@ -74,3 +74,34 @@ def test_shipped_configs_validate_through_the_cli(name):
     path = Path(__file__).parents[2] / "configs" / f"{name}.toml"
     result = run_cli("config", "show", "--config", str(path))
     assert result.returncode == 0 and f"run.mode = '{name}'" in result.stdout
+
+
+SUMMARY_FIELDS = {
+    "mode", "steps", "final_policy_version", "eval_success_start", "eval_success_end", "eval_samples",
+    "ess_mean", "lag_mean", "lag_max", "inflight_sequences", "wall_s", "tokens_per_s",
+}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_run_writes_the_run_directory(tmp_path, random_model_dir):
+    import json
+
+    result = run_cli(
+        "run",
+        "--set", f"model.path={random_model_dir}",
+        "--set", f"run.output_dir={tmp_path}",
+        "--set", "run.max_steps=3",
+        "--set", "rl.batch_size=16",
+        "--set", "task.eval_problems=16",
+        "--set", "transport.base_port=47950",
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (run_dir,) = list(tmp_path.iterdir())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert SUMMARY_FIELDS <= summary.keys()
+    assert summary["steps"] == summary["final_policy_version"] == 3 and summary["eval_samples"] == 16
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in records] == [1, 2, 3]
+    assert json.loads((run_dir / "config.json").read_text())["run"]["max_steps"] == 3
+    assert "held-out success" in result.stdout and "sequences written by 2+ versions" in result.stdout
