@@ -53,8 +53,13 @@ def _isolated_homes(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @pytest.fixture(scope="session")
-def warm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The embedded default model, warm-started once per test session (the real code path)."""
-    from pipelinerl.workers.warmstart import ensure_warm_start
+def warm_model_dir() -> Path:
+    """The embedded default model, warm-started exactly as ``pipelinerl run`` does.
 
-    return ensure_warm_start(tmp_path_factory.mktemp("warmstart"), task_name="arithmetic", seed=0)
+    It shares the platform home's cache with ``make run`` (the cache key covers every setting and
+    the code version), so the supervised phase runs at most once per machine.
+    """
+    from pipelinerl.platform.config import load_config
+    from pipelinerl.workers.launcher import resolve_model
+
+    return resolve_model(load_config())

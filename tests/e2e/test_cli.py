@@ -99,7 +99,7 @@ def test_run_writes_the_run_directory(tmp_path, random_model_dir):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (run_dir,) = list(tmp_path.iterdir())
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert SUMMARY_FIELDS <= summary.keys()
+    assert summary.keys() >= SUMMARY_FIELDS
     assert summary["steps"] == summary["final_policy_version"] == 3 and summary["eval_samples"] == 16
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in records] == [1, 2, 3]

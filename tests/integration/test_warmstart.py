@@ -1,0 +1,78 @@
+"""Warm-start end to end on the CPU: a loadable Hugging Face directory, cached by its settings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from pipelinerl.tasks import get_task
+from pipelinerl.tasks.tokenizer import build_tokenizer, encode_prompt
+from pipelinerl.workers.warmstart import (
+    METADATA_FILE,
+    build_tiny_model,
+    ensure_warm_start,
+    evaluate_success,
+)
+
+# Few steps and a small held-out sample keep this test to seconds; the model stays untrained.
+FAST = {"max_steps": 6, "eval_problems": 8, "check_every": 3, "check_problems": 16}
+
+
+def test_warm_start_builds_a_loadable_directory_and_reuses_it(tmp_path: Path) -> None:
+    cache_dir = tmp_path / "cache"
+    first = ensure_warm_start(cache_dir, task_name="arithmetic", seed=0, **FAST)
+
+    assert first.parent == cache_dir
+    metadata = json.loads((first / METADATA_FILE).read_text())
+    assert metadata["sft_steps"] == FAST["max_steps"]
+    assert metadata["eval_sample_size"] == FAST["eval_problems"]
+    assert 0.0 <= metadata["eval_success"] <= 1.0
+    assert metadata["train_seconds"] > 0
+    assert metadata["settings"]["seed"] == 0
+
+    tokenizer = AutoTokenizer.from_pretrained(first)
+    model = AutoModelForCausalLM.from_pretrained(first)
+    assert next(model.parameters()).dtype == torch.float32
+    problem = get_task("arithmetic").problems("eval", 1, seed=0)[0]
+    prompt = torch.tensor([encode_prompt(tokenizer, problem.prompt)])
+    output = model.generate(
+        input_ids=prompt, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id
+    )
+    assert output.shape[1] > prompt.shape[1]
+
+    # The second call finds the complete directory and trains nothing.
+    stamp = (first / METADATA_FILE).stat().st_mtime_ns
+    second = ensure_warm_start(cache_dir, task_name="arithmetic", seed=0, **FAST)
+    assert second == first
+    assert (first / METADATA_FILE).stat().st_mtime_ns == stamp
+    # No staging directory is left behind.
+    assert [path.name for path in cache_dir.iterdir()] == [first.name]
+
+    # Other settings live in another directory.
+    other = ensure_warm_start(cache_dir, task_name="arithmetic", seed=1, **FAST)
+    assert other != first
+
+
+def test_an_incomplete_directory_is_not_reused(tmp_path: Path) -> None:
+    cache_dir = tmp_path / "cache"
+    first = ensure_warm_start(cache_dir, **FAST)
+    (first / METADATA_FILE).unlink()
+    # A directory without its metadata file counts as absent and is rebuilt.
+    again = ensure_warm_start(cache_dir, **FAST)
+    assert again == first
+    assert (again / METADATA_FILE).is_file()
+
+
+def test_evaluate_success_scores_greedy_generations() -> None:
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    model = build_tiny_model(tokenizer)
+    task = get_task("arithmetic")
+    problems = task.problems("eval", 5, seed=0)
+    # An untrained model never writes a correct answer; the helper restores training mode.
+    model.train()
+    assert evaluate_success(model, tokenizer, task, problems, max_new_tokens=8, batch_size=2) == 0.0
+    assert model.training
