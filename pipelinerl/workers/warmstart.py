@@ -304,6 +304,8 @@ def ensure_warm_start(
         tokenizer.save_pretrained(staging)
         # Written last: its presence marks the directory complete.
         (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+        if target.exists() and not (target / METADATA_FILE).is_file():
+            shutil.rmtree(target)  # left incomplete by a crash: replaced, never reused
         try:
             staging.rename(target)
         except OSError:
