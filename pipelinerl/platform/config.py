@@ -83,9 +83,6 @@ class TaskConfig(Section):
     name: Literal["arithmetic"] = Field("arithmetic", description="Shipped task with a verifier.")
     train_problems: int = Field(20000, ge=1, description="Size of the deterministic train split.")
     eval_problems: int = Field(200, ge=1, description="Held-out problems for eval success.")
-    eval_every_steps: int = Field(
-        0, ge=0, description="Evaluate held-out success every N policy versions (0: at start and end only)."
-    )
 
 
 class ActorConfig(Section):

@@ -271,6 +271,7 @@ def _describe_array(value: Any) -> Any:
     if isinstance(value, np.generic):  # a numpy scalar (e.g. a reward computed with numpy) as a Python one
         return value.item()
     if not isinstance(value, np.ndarray):
+        # msgspec's enc_hook protocol: this exception means "unsupported type" (msgspec raises TypeError).
         raise NotImplementedError(f"{type(value).__name__} cannot travel on the wire")
     if value.dtype.name not in ALLOWED_DTYPES or value.ndim != 1:
         raise TypeError(

@@ -224,11 +224,12 @@ class Actor:
                     self.submit_group()
                     to_submit -= 1
                 self.push_finished(timeout_s=0.05)
-            next_version = round_version + steps
-            with self.weights_ready:
-                self.weights_ready.wait_for(
-                    lambda: self.stop.is_set() or self.engine.policy_version >= next_version  # noqa: B023
-                )
+            self.wait_for_version(round_version + steps)
+
+    def wait_for_version(self, version: int) -> None:
+        """Block until the engine runs ``version`` (or the run stops)."""
+        with self.weights_ready:
+            self.weights_ready.wait_for(lambda: self.stop.is_set() or self.engine.policy_version >= version)
 
     def run(self) -> None:
         receiver = threading.Thread(target=self.receive_weights, name="weights", daemon=True)

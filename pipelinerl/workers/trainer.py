@@ -6,7 +6,7 @@ weights: a ``WeightUpdate`` notice over ZeroMQ PUB and one gloo broadcast per te
 In ``conventional`` mode weights are published only every G steps (after a whole round).
 
 Every step appends one JSON record to ``metrics.jsonl`` (loss, reward, ESS, lag statistics,
-tokens, samples, step and wait time) and its per-token data to ``tokens/step_XXXXXX.npz``, from
+tokens, samples, step and wait time) and its per-token data to ``tokens/step_<version>_rank<r>.npz``, from
 which the statistics can be recomputed. At the end the final policy is saved in Hugging Face
 format under ``final/``.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -12,13 +13,24 @@ from pipelinerl.tasks import get_task
 from pipelinerl.tasks.tokenizer import build_tokenizer, encode_prompt
 from pipelinerl.workers.warmstart import (
     METADATA_FILE,
+    WarmStartSettings,
+    _accumulate_step_loss,
+    _examples,
+    _training_batches,
     build_tiny_model,
     ensure_warm_start,
     evaluate_success,
 )
 
 # Few steps and a small held-out sample keep this test to seconds; the model stays untrained.
-FAST = {"max_steps": 6, "eval_problems": 8, "check_every": 3, "check_problems": 16}
+FAST = {
+    "max_steps": 6,
+    "eval_problems": 8,
+    "check_every": 3,
+    "check_problems": 16,
+    "max_new_tokens": 8,
+    "batch_size": 16,
+}
 
 
 def test_warm_start_builds_a_loadable_directory_and_reuses_it(tmp_path: Path) -> None:
@@ -76,3 +88,22 @@ def test_evaluate_success_scores_greedy_generations() -> None:
     model.train()
     assert evaluate_success(model, tokenizer, task, problems, max_new_tokens=8, batch_size=2) == 0.0
     assert model.training
+
+
+def test_micro_batches_give_the_whole_batch_gradient() -> None:
+    tokenizer = build_tokenizer()
+    task = get_task("arithmetic")
+    examples = _examples(task, tokenizer, task.problems("train", 32, seed=0))
+    torch.manual_seed(0)
+    model = build_tiny_model(tokenizer)
+    results = []
+    for micro_batches in (1, 4):
+        settings = replace(WarmStartSettings(), batch_size=32, micro_batches=micro_batches)
+        (step,) = _training_batches(examples, settings, tokenizer.pad_token_id)
+        assert len(step) == micro_batches
+        model.zero_grad()
+        loss = _accumulate_step_loss(model, step)
+        results.append((loss, torch.cat([parameter.grad.flatten() for parameter in model.parameters()])))
+    (whole_loss, whole_grad), (split_loss, split_grad) = results
+    assert abs(whole_loss - split_loss) < 1e-5
+    torch.testing.assert_close(split_grad, whole_grad, atol=1e-6, rtol=1e-4)
