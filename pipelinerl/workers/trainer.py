@@ -258,15 +258,18 @@ class Trainer:
         return list(self.engine.module.named_parameters(remove_duplicate=True))
 
     def _publish(self) -> float:
-        """Notice + broadcast of the current weights to every actor; returns seconds taken."""
-        if self.weight_group is None or self.notices is None:
-            return 0.0
+        """Notice + broadcast of the current weights to every actor; returns seconds taken.
+
+        Every rank enters the ZeRO-3 gather (a collective); only rank 0 talks to the actors.
+        """
         from pipelinerl.platform.weights import dtype_name
 
         named = self._parameters()
         params = [param for _, param in named]
         started = time.perf_counter()
         with self.deepspeed.zero.GatheredParameters(params, enabled=self.config.trainer.zero_stage == 3):
+            if self.weight_group is None or self.notices is None:
+                return 0.0
             tensors = [param.detach() for param in params]
             self.notices.send(
                 WeightUpdate(
