@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m pip install -q --upgrade pip
 	# torch first: 2.13.0 is the CPU build on local disk; any other request pulls CUDA wheels.
 	$(PYTHON) -m pip install -q torch==2.13.0
-	$(PYTHON) -m pip install -q -c constraints.txt -e ".[train,dev]"
+	$(PYTHON) -m pip install -q -c constraints.txt -e ".[all,dev]"
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -7,11 +7,15 @@ them loads.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+
+from pipelinerl.platform.db_cli import db_app, runs_app
 
 app = typer.Typer(
     help="PipelineRL: on-policy RL of language models with in-flight weight updates, and its baselines.",
@@ -35,7 +39,7 @@ def _load(config_path: Path | None, overrides: list[str] | None):  # type: ignor
     try:
         return load_config(config_path, overrides or [])
     except ConfigError as error:
-        console.print(f"[red]error:[/red] {error}")
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -53,18 +57,70 @@ def run(config: ConfigOption = None, set_: SetOption = None) -> None:
     """Run the three stages (actor, preprocessor, trainer) on this machine and report what was learned."""
     resolved = _load(config, set_)
     _log_to_console()
-    from pipelinerl.platform.transport import PortInUseError
-    from pipelinerl.workers.launcher import StageFailed, launch
+    from pipelinerl.workers.launcher import launch
     from pipelinerl.workers.progress import ProgressView
 
     view = ProgressView(console, resolved)
-    try:
-        with view:
-            result = launch(resolved, on_records=view.add_records, on_status=view.set_status)
-    except (PortInUseError, StageFailed, FileNotFoundError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(1) from None
+    with _run_errors(), view:
+        result = launch(resolved, on_records=view.add_records, on_status=view.set_status)
     view.print_summary(result.summary, result.run_dir)
+
+
+@contextlib.contextmanager
+def _run_errors() -> Iterator[None]:
+    """Errors a user can act on, printed as one message (exit 1) instead of a traceback."""
+    from pipelinerl.platform.checkpoint import CheckpointError
+    from pipelinerl.platform.db import PlatformDatabaseError
+    from pipelinerl.platform.tracking import TrackingError
+    from pipelinerl.platform.transport import PortInUseError
+    from pipelinerl.workers.launcher import StageFailed
+
+    try:
+        yield
+    except (
+        PortInUseError,
+        StageFailed,
+        FileNotFoundError,
+        CheckpointError,
+        TrackingError,
+        PlatformDatabaseError,
+    ) as error:
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def compare(
+    modes: Annotated[
+        str, typer.Option("--modes", "-m", help="Comma-separated modes; the first is the reference.")
+    ] = "pipeline,conventional",
+    config: ConfigOption = None,
+    set_: SetOption = None,
+    target: Annotated[
+        float | None,
+        typer.Option(help="Train reward to reach (default: the highest smoothed reward every mode reached)."),
+    ] = None,
+    window: Annotated[int, typer.Option(min=1, help="Steps in the trailing mean of the reward.")] = 5,
+) -> None:
+    """Run the same experiment once per mode, as child runs of one MLflow run, and compare them."""
+    from pipelinerl.platform.config import ConfigError
+
+    resolved = _load(config, set_)
+    from pipelinerl.workers.compare import parse_modes, run_comparison
+
+    try:
+        mode_list = parse_modes(modes)
+    except ConfigError as error:
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    _log_to_console()
+    with _run_errors(), console.status("comparing") as spinner:
+        result = run_comparison(
+            resolved, mode_list, target=target, window=window, on_status=lambda text: spinner.update(text)
+        )
+    from pipelinerl.workers.progress import print_comparison
+
+    print_comparison(console, result)
 
 
 config_app = typer.Typer(help="Inspect configurations.", no_args_is_help=True)
@@ -91,6 +147,9 @@ def warmstart(config: ConfigOption = None, set_: SetOption = None) -> None:
     path = resolve_model(resolved, console=console)
     console.print(f"warm-started model: {path}")
 
+
+app.add_typer(db_app, name="db", help="Migrate the platform database (Alembic): upgrade, downgrade, current.")
+app.add_typer(runs_app, name="runs", help="Runs recorded in the platform database: list, show.")
 
 if __name__ == "__main__":
     app()

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The real PostgreSQL server the database tests use (``.ci/run`` makes sure it is up).
+POSTGRES_URL = os.environ.get("PIPELINERL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 def build_random_model_dir(path: Path, seed: int = 0, hidden_size: int = 64) -> Path:
@@ -48,6 +54,9 @@ def random_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _isolated_homes(tmp_path_factory: pytest.TempPathFactory) -> None:
     home = tmp_path_factory.mktemp("tool-home")
     os.environ.setdefault("PREFECT_HOME", str(home / "prefect"))
+    # Runs that do not name their own stores track into this session's, not the user's home.
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'mlflow.db'}")
+    os.environ.setdefault("PIPELINERL_DATABASE_URL", f"sqlite:///{home / 'platform.db'}")
     # The DeepSpeed CPU communication op compiles once (about a minute); keep it across test runs.
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
 
@@ -63,3 +72,43 @@ def warm_model_dir() -> Path:
     from pipelinerl.workers.launcher import resolve_model
 
     return resolve_model(load_config())
+
+
+@contextlib.contextmanager
+def fresh_postgres_database() -> Iterator[str]:
+    """A new database on the PostgreSQL server, dropped afterwards (skips if unreachable)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import OperationalError
+
+    admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5})
+    shown = make_url(POSTGRES_URL).render_as_string(hide_password=True)
+    try:
+        with admin.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    except OperationalError as error:
+        admin.dispose()
+        pytest.skip(f"PostgreSQL at {shown} is unreachable: {str(error.orig).strip().splitlines()[0]}")
+    name = f"pipelinerl_test_{uuid.uuid4().hex[:16]}"
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for one test."""
+    with fresh_postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+def second_postgres_url() -> Iterator[str]:
+    """Another fresh database (MLflow and the platform tables must not share one)."""
+    with fresh_postgres_database() as url:
+        yield url

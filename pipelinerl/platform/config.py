@@ -5,7 +5,7 @@ validates and what the Prefect run form renders. A bad value fails here, before 
 starts, with a message naming the field, the value and what is allowed.
 
 The configuration is a tree of sections (``run``, ``model``, ``task``, ``actor``, ``rl``,
-``trainer``, ``transport``); an override names a leaf as ``section.key=value``.
+``trainer``, ``transport``, ``tracking``); an override names a leaf as ``section.key=value``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,12 @@ class RunConfig(Section):
         "async: weights change only between sequences (ablation).",
     )
     seed: int = Field(0, ge=0, description="Seed for data order, sampling and model initialisation.")
-    max_steps: int = Field(100, ge=1, description="Optimizer steps (policy versions) to train.")
+    max_steps: int = Field(
+        100,
+        ge=1,
+        description="Train until the policy reaches this version (optimizer steps; a resumed run counts "
+        "the steps of its checkpoint).",
+    )
     max_wall_s: float = Field(
         3600.0, gt=0, description="Stop training after this many seconds even if max_steps is not reached."
     )
@@ -49,7 +54,13 @@ class RunConfig(Section):
     )
     output_dir: Path = Field(Path("runs"), description="Each run writes runs/<run-id>/ under this directory.")
     home: Path = Field(
-        Path("~/.pipelinerl"), description="Platform home: warm-start cache and other reusable state."
+        Path("~/.pipelinerl"),
+        description="Platform home: warm-start cache, the default MLflow store and platform database.",
+    )
+    resume_from: Path | None = Field(
+        None,
+        description="A checkpoint directory (runs/<id>/checkpoints/v<version>) to continue training from: "
+        "the policy, its version and samples trained are restored.",
     )
 
 
@@ -132,6 +143,29 @@ class TrainerConfig(Section):
         8192, ge=16, description="Padded tokens per micro-batch (sequences x longest length)."
     )
     torch_threads: int = Field(1, ge=1, description="torch threads of each trainer process.")
+    checkpoint_every: int = Field(
+        0, ge=0, description="Save a Hugging Face checkpoint every N policy versions (0: only the final one)."
+    )
+
+
+class TrackingConfig(Section):
+    enabled: bool = Field(True, description="Record the run in MLflow and the platform database.")
+    mlflow_uri: str | None = Field(
+        None,
+        description="MLflow tracking URI (http://..., sqlite:///..., postgresql://...). Empty: "
+        "MLFLOW_TRACKING_URI, else a SQLite store in the platform home.",
+    )
+    database_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL of the platform database. Empty: PIPELINERL_DATABASE_URL, else a "
+        "SQLite file in the platform home.",
+    )
+    figures_every: int = Field(
+        0, ge=0, description="Log the run's figures to MLflow every N policy versions (0: at the end only)."
+    )
+    flush_interval_s: float = Field(
+        2.0, gt=0, le=60, description="Seconds between batched writes of metrics to MLflow."
+    )
 
 
 class TransportConfig(Section):
@@ -183,6 +217,7 @@ class PipelineConfig(Section):
     rl: RLConfig = Field(default_factory=RLConfig, description="Rewards, advantages and the loss.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="DeepSpeed training.")
     transport: TransportConfig = Field(default_factory=TransportConfig, description="ZeroMQ sockets.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow and the database.")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PipelineConfig:

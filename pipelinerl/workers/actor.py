@@ -12,12 +12,17 @@ staging buffers (generation goes on), and then, by mode:
   admitting prompts, lets in-flight sequences finish, and loads the newest weights: every
   sequence is written by one version.
 
+Each weight update the actor loads appends a record to ``actor<k>.jsonl`` in the run directory:
+the update pause, tokens/s and the idle fraction since the previous update (time blocked on a full
+rollout queue, waiting for weights, or with nothing in flight).
+
 Run: ``python -m pipelinerl.workers.actor --run-dir runs/<id> --actor-id 0`` (the launcher does).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import logging
 import threading
@@ -30,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
 from pipelinerl.tasks.base import Problem
 
@@ -66,6 +72,15 @@ class StagedWeights:
             parameters[name].data.copy_(tensor)
 
 
+def start_version(config: PipelineConfig) -> int:
+    """The policy version of the starting weights: 0, or the checkpoint's when resuming."""
+    if config.run.resume_from is None:
+        return 0
+    from pipelinerl.platform.checkpoint import read_info
+
+    return read_info(config.run.resume_from).policy_version
+
+
 class Actor:
     def __init__(self, config: PipelineConfig, run_dir: Path, actor_id: int, model_path: Path) -> None:
         import torch
@@ -99,6 +114,7 @@ class Actor:
             kv_block_size=config.actor.kv_block_size,
             kv_cache_blocks=config.actor.kv_cache_blocks,
             seed=config.run.seed * 1000 + actor_id,
+            policy_version=start_version(config),
         )
         transport = config.transport
         self.context = zmq.Context()
@@ -119,6 +135,10 @@ class Actor:
         self.weights_ready = threading.Condition()
         self.pause_seconds: list[float] = []
         self.tokens_generated = 0
+        self.idle_s = 0.0  # finished idle periods; one may be under way (idle_started)
+        self.idle_started: float | None = None
+        self.metrics = JsonlWriter(run_dir / f"actor{actor_id}.jsonl")
+        self._last_report = (time.monotonic(), 0, 0.0)  # (when, tokens, idle seconds)
 
     # ----- weights: receiver thread -----
 
@@ -148,12 +168,45 @@ class Actor:
                 return
             pause = self.engine.update_weights(self.staged.version, self.staged.load_into)
         self.pause_seconds.append(pause)
+        self.report(pause)
         logger.info(
             "weights v%d loaded in flight (pause %.1f ms, %d in flight)",
             self.engine.policy_version,
             1000 * pause,
             self.engine.num_in_flight,
         )
+
+    def report(self, pause_s: float) -> None:
+        """One record per loaded update: its pause, and tokens/s and idle time since the last one."""
+        now, tokens, idle = time.monotonic(), self.tokens_generated, self.idle_s
+        started = self.idle_started
+        if started is not None:
+            idle += now - started
+        then, tokens_then, idle_then = self._last_report
+        self._last_report = (now, tokens, idle)
+        elapsed = max(now - then, 1e-9)
+        self.metrics.write(
+            {
+                "actor_id": self.actor_id,
+                "policy_version": self.engine.policy_version,
+                "time": time.time(),
+                "weights/update_pause_ms": 1000 * pause_s,
+                "throughput/actor_tokens_per_s": (tokens - tokens_then) / elapsed,
+                "actor/idle_fraction": min(1.0, (idle - idle_then) / elapsed),
+                "actor/in_flight": self.engine.num_in_flight,
+                "actor/tokens_generated": tokens,
+            }
+        )
+
+    @contextlib.contextmanager
+    def idle(self) -> Iterator[None]:
+        """Count the time inside as idle (an update report in the middle sees it too)."""
+        started = self.idle_started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.idle_started = None
+            self.idle_s += time.monotonic() - started
 
     # ----- generation -----
 
@@ -189,9 +242,12 @@ class Actor:
                 ),
                 created_at=time.time(),
             )
-            while not self.rollouts.send(rollout, timeout_s=1.0):
-                if self.stop.is_set():
-                    return len(finished)
+            if self.rollouts.send(rollout, timeout_s=0):
+                continue
+            with self.idle():  # the rollout queue is full: backpressure from the trainer
+                while not self.rollouts.send(rollout, timeout_s=1.0):
+                    if self.stop.is_set():
+                        return len(finished)
         return len(finished)
 
     def run_pipeline(self) -> None:
@@ -208,7 +264,15 @@ class Actor:
                     draining = False
             while not draining and self.engine.num_in_flight + group_size <= self.config.actor.max_in_flight:
                 self.submit_group()
-            self.push_finished(timeout_s=0.05)
+            self.timed_push(timeout_s=0.05)
+
+    def timed_push(self, timeout_s: float) -> None:
+        """``push_finished``, counting the wait as idle when nothing was in flight."""
+        if self.engine.num_in_flight:
+            self.push_finished(timeout_s)
+            return
+        with self.idle():
+            self.push_finished(timeout_s)
 
     def run_conventional(self) -> None:
         """Rounds: G·B samples with frozen weights, then wait for the weights after G trainer steps."""
@@ -223,12 +287,12 @@ class Actor:
                 ):
                     self.submit_group()
                     to_submit -= 1
-                self.push_finished(timeout_s=0.05)
+                self.timed_push(timeout_s=0.05)
             self.wait_for_version(round_version + steps)
 
     def wait_for_version(self, version: int) -> None:
         """Block until the engine runs ``version`` (or the run stops)."""
-        with self.weights_ready:
+        with self.idle(), self.weights_ready:
             self.weights_ready.wait_for(lambda: self.stop.is_set() or self.engine.policy_version >= version)
 
     def run(self) -> None:
@@ -245,6 +309,7 @@ class Actor:
             self.engine.close()
             self.rollouts.close()
             self.notices.close()
+            self.metrics.close()
             pauses = np.array(self.pause_seconds or [0.0]) * 1000
             logger.info(
                 "actor %d: %d tokens, %d updates, pause median %.1f ms p99 %.1f ms",

@@ -4,11 +4,14 @@
 
 1. pre-flight, before any process starts: every port the run needs can be bound, the model
    directory exists (or the embedded model is warm-started, cached in the platform home);
-2. ``runs/<run-id>/`` gets the resolved ``config.json``; held-out success is measured;
+2. ``runs/<run-id>/`` gets the resolved ``config.json``; the MLflow run and the platform-database
+   row are opened (``platform/tracking.py``); held-out success is measured;
 3. trainer rank(s), preprocessor and actor(s) start, each in its own process group with its log
    under ``logs/``; a stage that dies stops the run with the tail of its log;
-4. progress is read from ``metrics.jsonl`` as the trainer appends it;
-5. after the trainer's last step: held-out success of the final policy, ``summary.json``.
+4. the stages' JSON-lines records (trainer, actors, preprocessor) are tailed and handed to the
+   progress view and the tracker, which writes them in batches from its own thread;
+5. after the trainer's last step: held-out success of the final policy, ``summary.json``, and the
+   tracked run is closed as finished (or failed / killed).
 """
 
 from __future__ import annotations
@@ -21,13 +24,16 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from pipelinerl.platform.checkpoint import CheckpointError
 from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.jsonl import JsonlTail
+from pipelinerl.platform.tracking import CheckpointRecord
 
 POLL_S = 0.5
 SHUTDOWN_GRACE_S = 30.0
@@ -81,14 +87,26 @@ def new_run_id(mode: str) -> str:
 
 
 def preflight(config: PipelineConfig) -> None:
-    """Fail before any process starts: ports in use, a missing model directory."""
+    """Fail before any process starts: ports in use, a checkpoint that cannot be resumed from."""
     from pipelinerl.platform.transport import check_bindable
 
     for address in config.transport.all_bound_addresses(config.trainer.num_processes):
         check_bindable(address, setting="transport.base_port")
+    if config.run.resume_from is not None:
+        from pipelinerl.platform.checkpoint import read_info
+
+        info = read_info(config.run.resume_from)  # CheckpointError names what is missing
+        if info.policy_version >= config.run.max_steps:
+            raise CheckpointError(
+                f"run.resume_from={str(config.run.resume_from)!r} is at policy version "
+                f"{info.policy_version}; run.max_steps={config.run.max_steps} leaves nothing to train "
+                "(max_steps counts versions from 0, so raise it)"
+            )
 
 
 def resolve_model(config: PipelineConfig, console: Any = None) -> Path:
+    if config.run.resume_from is not None:
+        return config.run.resume_from  # checked by preflight: a checkpoint is a model directory
     if config.model.path is not None:
         return config.model.path
     from pipelinerl.workers.warmstart import ensure_warm_start
@@ -191,18 +209,6 @@ def build_stages(config: PipelineConfig, run_dir: Path, model_path: Path) -> lis
     return stages
 
 
-def read_records(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
-    """Complete JSON lines appended to ``path`` since byte ``offset``."""
-    if not path.exists():
-        return [], offset
-    with path.open("rb") as handle:
-        handle.seek(offset)
-        data = handle.read()
-    end = data.rfind(b"\n") + 1
-    lines = data[:end].decode().splitlines()
-    return [json.loads(line) for line in lines if line.strip()], offset + end
-
-
 def tree_rss_bytes(pid: int) -> int:
     """Resident memory of a process and all its descendants."""
     import psutil
@@ -217,25 +223,78 @@ def tree_rss_bytes(pid: int) -> int:
     return total
 
 
+class RecordTails:
+    """The JSON-lines files the stages append to, read incrementally (trainer, actors, preprocessor)."""
+
+    def __init__(self, run_dir: Path, num_actors: int) -> None:
+        self.trainer = JsonlTail(run_dir / "metrics.jsonl")
+        self.actors = [JsonlTail(run_dir / f"actor{k}.jsonl") for k in range(num_actors)]
+        self.preprocessor = JsonlTail(run_dir / "preprocessor.jsonl")
+
+    def read(self, sink: RecordSink) -> list[dict[str, Any]]:
+        """Hand new records to ``sink``; returns the new trainer records."""
+        for tail in self.actors:
+            if new := tail.read():
+                sink.actor_records(new)
+        if new := self.preprocessor.read():
+            sink.preprocessor_records(new)
+        trainer = self.trainer.read()
+        if trainer:
+            sink.trainer_records(trainer)
+        return trainer
+
+
+class RecordSink(Protocol):
+    def trainer_records(self, records: Sequence[dict[str, Any]]) -> None: ...
+    def actor_records(self, records: Sequence[dict[str, Any]]) -> None: ...
+    def preprocessor_records(self, records: Sequence[dict[str, Any]]) -> None: ...
+
+
+@dataclass
+class Sinks:
+    """Fans records out to every consumer (progress view, tracker); any may be absent."""
+
+    on_trainer: list[Callable[[Sequence[dict[str, Any]]], None]]
+    tracker: Any = None  # RunTracker
+
+    def trainer_records(self, records: Sequence[dict[str, Any]]) -> None:
+        for callback in self.on_trainer:
+            callback(list(records))
+        if self.tracker is not None:
+            self.tracker.trainer_records(records)
+            for record in records:
+                if "checkpoint" in record:
+                    from pipelinerl.platform.tracking import CheckpointRecord
+
+                    self.tracker.checkpoint(
+                        CheckpointRecord(
+                            int(record["policy_version"]),
+                            int(record["samples/trained"]),
+                            record["checkpoint"],
+                        )
+                    )
+
+    def actor_records(self, records: Sequence[dict[str, Any]]) -> None:
+        if self.tracker is not None:
+            self.tracker.actor_records(records)
+
+    def preprocessor_records(self, records: Sequence[dict[str, Any]]) -> None:
+        if self.tracker is not None:
+            self.tracker.preprocessor_records(records)
+
+
 def supervise(
-    stages: list[Stage], run_dir: Path, on_records: Callable[[list[dict[str, Any]]], None]
+    stages: list[Stage], run_dir: Path, tails: RecordTails, sink: RecordSink
 ) -> tuple[list[dict[str, Any]], int]:
     """Wait for the trainers to finish; fail fast if any stage dies first. Returns records, peak RSS."""
     records: list[dict[str, Any]] = []
-    offset = 0
     peak_rss = 0
     trainers = [s for s in stages if s.name.startswith("trainer")]
     while True:
-        new, offset = read_records(run_dir / "metrics.jsonl", offset)
-        if new:
-            records.extend(new)
-            on_records(new)
+        records.extend(tails.read(sink))
         peak_rss = max(peak_rss, tree_rss_bytes(os.getpid()))
         if all(s.process and s.process.poll() == 0 for s in trainers):
-            new, offset = read_records(run_dir / "metrics.jsonl", offset)
-            records.extend(new)
-            if new:
-                on_records(new)
+            records.extend(tails.read(sink))
             return records, peak_rss
         # Once a trainer has written its done-marker it has sent Shutdown: the others may exit.
         finishing = any((run_dir / f"{s.name}.done").exists() for s in trainers)
@@ -271,6 +330,9 @@ def launch(
     on_records: Callable[[list[dict[str, Any]]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
     run_id: str | None = None,
+    parent_mlflow_run_id: str | None = None,
+    parent_run_id: str | None = None,
+    prefect_flow_run_id: str | None = None,
 ) -> RunResult:
     """Run PipelineRL (or a baseline, by ``config.run.mode``) end to end; see the module docstring."""
     status = on_status or (lambda text: None)
@@ -280,20 +342,64 @@ def launch(
     run_dir = (config.run.output_dir / (run_id or new_run_id(config.run.mode))).resolve()
     run_dir.mkdir(parents=True, exist_ok=False)
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    tracker = None
+    if config.tracking.enabled:
+        from pipelinerl.platform.tracking import RunTracker
+
+        status("opening the MLflow run")
+        tracker = RunTracker(
+            config,
+            run_dir.name,
+            parent_mlflow_run_id=parent_mlflow_run_id,
+            parent_run_id=parent_run_id,
+            prefect_flow_run_id=prefect_flow_run_id,
+        )
+        mlflow_run_id = tracker.start(model_path, started_at=time.time())
+        (run_dir / "mlflow_run_id").write_text(mlflow_run_id)
+    outcome = "failed"
+    try:
+        result = _run(config, run_dir, model_path, status, Sinks([on_records] if on_records else [], tracker))
+        outcome = "finished"
+        return result
+    except KeyboardInterrupt:
+        outcome = "killed"
+        raise
+    finally:
+        if tracker is not None:
+            summary_path = run_dir / "summary.json"
+            summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+            tracker.finish(outcome, summary)
+
+
+def _run(
+    config: PipelineConfig, run_dir: Path, model_path: Path, status: Callable[[str], None], sinks: Sinks
+) -> RunResult:
     status("measuring held-out success of the starting policy")
+    start_version = 0 if config.run.resume_from is None else _checkpoint_version(config.run.resume_from)
     eval_start = held_out_success(config, model_path)
+    if sinks.tracker is not None:
+        sinks.tracker.evaluated(start_version, eval_start, 0.0)
     stages = build_stages(config, run_dir, model_path)
     status(f"starting {len(stages)} stage processes")
     started = time.time()
     try:
         for stage in stages:
             stage.start(cwd=Path.cwd())
-        records, peak_rss = supervise(stages, run_dir, on_records or (lambda new: None))
+        records, peak_rss = supervise(stages, run_dir, RecordTails(run_dir, config.actor.num_actors), sinks)
     finally:
         stop_stages(stages)
     run_wall_s = time.time() - started
     status("measuring held-out success of the final policy")
     eval_end = held_out_success(config, run_dir / "final")
+    wall_s = records[-1]["wall_s"] if records else run_wall_s
+    if sinks.tracker is not None:
+        final_version = records[-1]["policy_version"] if records else start_version
+        sinks.tracker.evaluated(final_version, eval_end, wall_s)
+        sinks.tracker.checkpoint(
+            CheckpointRecord(
+                final_version, records[-1]["samples/trained"] if records else 0, str(run_dir / "final")
+            )
+        )
     from pipelinerl.workers.summary import summarize
 
     summary = summarize(
@@ -302,13 +408,20 @@ def launch(
         eval_success_start=eval_start,
         eval_success_end=eval_end,
         eval_samples=config.task.eval_problems,
-        wall_s=records[-1]["wall_s"] if records else run_wall_s,
+        wall_s=wall_s,
         extra={
             "run_id": run_dir.name,
             "run_wall_s": run_wall_s,
             "peak_memory_gib": peak_rss / 2**30,
             "model_path": str(model_path),
+            "start_policy_version": start_version,
         },
     )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(run_dir=run_dir, summary=summary, records=records)
+
+
+def _checkpoint_version(directory: Path) -> int:
+    from pipelinerl.platform.checkpoint import read_info
+
+    return read_info(directory).policy_version

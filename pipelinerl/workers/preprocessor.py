@@ -6,6 +6,9 @@ prompt) is scored by the task's verifier once it is complete; its advantages are
 sequences, packed into micro-batches by padded-token budget, which goes to the trainer. Nothing is
 dropped silently: a duplicate rollout id or a rollout of an unknown problem is counted and logged.
 
+Every batch sent appends a record to ``preprocessor.jsonl`` in the run directory: the rollouts
+waiting here (incomplete groups and scored sequences not yet batched), rejected and malformed counts.
+
 Run: ``python -m pipelinerl.workers.preprocessor --run-dir runs/<id>`` (the launcher does).
 """
 
@@ -21,6 +24,7 @@ from pathlib import Path
 import torch
 
 from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.wire import Rollout, Shutdown, TrainBatch, TrainSequence
 from pipelinerl.rl import leave_one_out_advantages, pack_micro_batches
 from pipelinerl.tasks import get_task
@@ -66,6 +70,11 @@ class BatchBuilder:
             batches.append(self.make_batch(sequences))
         return batches
 
+    @property
+    def buffered(self) -> int:
+        """Rollouts received and not yet sent in a batch."""
+        return sum(len(group) for group in self.groups.values()) + len(self.ready)
+
     def score_group(self, group: list[Rollout]) -> list[TrainSequence]:
         rewards = [self.task.verify(self.problems[r.problem_id], r.completion_text) for r in group]
         advantages = leave_one_out_advantages(
@@ -98,7 +107,7 @@ class BatchBuilder:
         return batch
 
 
-def run(config: PipelineConfig) -> None:
+def run(config: PipelineConfig, run_dir: Path) -> None:
     import zmq
 
     from pipelinerl.platform.transport import Receiver, Sender
@@ -108,7 +117,8 @@ def run(config: PipelineConfig) -> None:
     builder = BatchBuilder(
         task=task,
         problems=problems,
-        batch_size=config.rl.batch_size,
+        # With several trainer ranks each step takes one shard of B/ranks sequences from each rank.
+        batch_size=config.rl.batch_size // config.trainer.num_processes,
         micro_batch_tokens=config.trainer.micro_batch_tokens,
         normalize_advantages=config.rl.normalize_advantages,
     )
@@ -117,11 +127,14 @@ def run(config: PipelineConfig) -> None:
     rollouts = Receiver(
         context, transport.address("rollouts"), "pull", bind=True, high_water_mark=transport.queue_size
     )
-    # A small queue towards the trainer: when it is busy, rollouts back up to the actors.
-    batches = Sender(context, transport.trainer_inbox(0), "push", bind=False, high_water_mark=1)
-    for rank in range(1, config.trainer.num_processes):  # PUSH deals batches out round-robin
-        batches.socket.connect(transport.trainer_inbox(rank))
+    # A small queue towards each trainer rank: when it is busy, rollouts back up to the actors.
+    # Shard i of the stream goes to rank i % ranks, so every optimizer step trains B sequences.
+    inboxes = [
+        Sender(context, transport.trainer_inbox(rank), "push", bind=False, high_water_mark=1)
+        for rank in range(config.trainer.num_processes)
+    ]
     notices = Receiver(context, transport.address("weights"), "sub", bind=False)
+    metrics = JsonlWriter(run_dir / "preprocessor.jsonl")
     try:
         while True:
             notice = notices.recv(timeout_s=0)
@@ -131,9 +144,20 @@ def run(config: PipelineConfig) -> None:
             message = rollouts.recv(timeout_s=0.5)
             if isinstance(message, Rollout):
                 for batch in builder.add(message):
-                    while not batches.send(batch, timeout_s=1.0):
+                    inbox = inboxes[batch.batch_index % len(inboxes)]
+                    while not inbox.send(batch, timeout_s=1.0):
                         if isinstance(notices.recv(timeout_s=0), Shutdown):
                             return
+                    metrics.write(
+                        {
+                            "batch_index": batch.batch_index,
+                            "step": batch.batch_index // len(inboxes),  # the optimizer step it feeds
+                            "time": time.time(),
+                            "queue/rollouts": builder.buffered,
+                            "preprocessor/rejected": builder.rejected,
+                            "preprocessor/malformed": rollouts.malformed_count,
+                        }
+                    )
             elif message is not None:
                 logger.warning("ignoring unexpected %s on the rollout socket", type(message).__name__)
     finally:
@@ -143,8 +167,9 @@ def run(config: PipelineConfig) -> None:
             builder.rejected,
             rollouts.malformed_count,
         )
-        for socket in (rollouts, batches, notices):
+        for socket in (rollouts, notices, *inboxes):
             socket.close()
+        metrics.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -154,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s preprocessor %(levelname)s %(message)s")
     config = PipelineConfig.model_validate_json((args.run_dir / "config.json").read_text())
     torch.set_num_threads(1)
-    run(config)
+    run(config, args.run_dir)
 
 
 if __name__ == "__main__":

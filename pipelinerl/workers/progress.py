@@ -97,6 +97,50 @@ class ProgressView:
             ("peak memory (all processes)", f"{summary['peak_memory_gib']:.2f} GiB"),
             ("run directory", str(run_dir)),
         ]
+        if (run_dir / "mlflow_run_id").exists():
+            from pipelinerl.platform.tracking import mlflow_uri
+
+            rows.append(
+                ("MLflow run", f"{(run_dir / 'mlflow_run_id').read_text()} in {mlflow_uri(self.config)}")
+            )
         for name, value in rows:
             table.add_row(name, value)
         self.console.print(table)
+
+
+def _seconds(value: float | None) -> str:
+    return "not reached" if value is None else f"{value:.0f} s"
+
+
+def print_comparison(console: Console, result: Any) -> None:
+    """The comparison table (``workers/compare.py``'s ``ComparisonResult``)."""
+    rows = result.rows
+    reference = rows[0].label
+    table = Table(
+        title=f"Comparison {result.comparison_id}: time to a smoothed train reward of {result.target:.3f}"
+    )
+    for column in (
+        "run",
+        "time to target",
+        "samples to target",
+        f"its time / {reference}'s",
+        "ESS mean",
+        "lag mean / max",
+        "held-out success",
+        "training wall time",
+    ):
+        table.add_column(column, justify="left" if column == "run" else "right")
+    for row in rows:
+        table.add_row(
+            row.label,
+            _seconds(row.time_to_target_s),
+            "-" if row.samples_to_target is None else str(row.samples_to_target),
+            "-" if row.speedup is None else f"{row.speedup:.2f}x",
+            f"{row.ess_mean:.3f}",
+            f"{row.lag_mean:.2f} / {row.lag_max}",
+            f"{row.eval_success_start:.1%} -> {row.eval_success_end:.1%}",
+            f"{row.wall_s:.0f} s",
+        )
+    console.print(table)
+    if result.mlflow_run_id:
+        console.print(f"parent MLflow run: {result.mlflow_run_id} (child runs: one per mode)")

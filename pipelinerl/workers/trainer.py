@@ -7,8 +7,9 @@ In ``conventional`` mode weights are published only every G steps (after a whole
 
 Every step appends one JSON record to ``metrics.jsonl`` (loss, reward, ESS, lag statistics,
 tokens, samples, step and wait time) and its per-token data to ``tokens/step_<version>_rank<r>.npz``, from
-which the statistics can be recomputed. At the end the final policy is saved in Hugging Face
-format under ``final/``.
+which the statistics can be recomputed. Every ``trainer.checkpoint_every`` versions, and at the end
+(``final/``), the policy is saved in Hugging Face format with its version and the optimizer state
+(``platform/checkpoint.py``); ``run.resume_from`` continues from such a checkpoint.
 
 Run: ``python -m pipelinerl.workers.trainer --run-dir runs/<id> --rank 0`` (the launcher does).
 """
@@ -25,6 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from pipelinerl.platform.checkpoint import (
+    OPTIMIZER_DIR,
+    CheckpointInfo,
+    checkpoint_dir,
+    read_info,
+    write_info,
+)
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.wire import Shutdown, TrainBatch, WeightUpdate
 
@@ -89,6 +97,10 @@ class Trainer:
         self.torch = torch
         torch.manual_seed(config.run.seed)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        if config.trainer.num_processes == 1:
+            # One rank has nobody to share memory with: skip compiling DeepSpeed's CPU shared-memory
+            # collective op (about a minute of g++ on a fresh machine).
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend="gloo")
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(), config=deepspeed_config(config)
@@ -97,6 +109,8 @@ class Trainer:
         self.policy_version = 0
         self.samples_trained = 0
         self.tokens_trained = 0
+        if config.run.resume_from is not None:
+            self._resume(config.run.resume_from)
         self.consumed: set[str] = set()
         import zmq
 
@@ -119,6 +133,38 @@ class Trainer:
             )
         (run_dir / "tokens").mkdir(exist_ok=True)
 
+    def _resume(self, directory: Path) -> None:
+        info = read_info(directory)
+        self.policy_version = info.policy_version
+        self.samples_trained = info.samples_trained
+        self.tokens_trained = info.tokens_trained
+        if (directory / OPTIMIZER_DIR).is_dir():
+            self.engine.load_checkpoint(
+                str(directory / OPTIMIZER_DIR), tag="state", load_module_only=False, load_module_strict=True
+            )
+        logger.info("resumed from %s at policy version %d", directory, self.policy_version)
+
+    def save_checkpoint(self, directory: Path) -> None:
+        """The policy (Hugging Face format, rank 0), its metadata and the optimizer state (all ranks)."""
+        params = [param for _, param in self._parameters()]
+        with self.deepspeed.zero.GatheredParameters(params, enabled=self.config.trainer.zero_stage == 3):
+            if self.rank == 0:
+                from transformers import AutoTokenizer
+
+                directory.mkdir(parents=True, exist_ok=True)
+                self.engine.module.save_pretrained(directory)
+                AutoTokenizer.from_pretrained(self.model_path).save_pretrained(directory)
+        self.engine.save_checkpoint(str(directory / OPTIMIZER_DIR), tag="state")
+        if self.rank == 0:
+            info = CheckpointInfo(
+                run_id=self.run_dir.name,
+                policy_version=self.policy_version,
+                samples_trained=self.samples_trained,
+                tokens_trained=self.tokens_trained,
+                created_at=time.time(),
+            )
+            write_info(directory, info)  # last: its presence means the checkpoint is complete
+
     def run(self) -> None:
         config = self.config
         started = time.time()
@@ -139,6 +185,11 @@ class Trainer:
                 record["wall_s"] = time.time() - started
                 if publishes_after(config, self.policy_version):
                     record["weights/broadcast_ms"] = 1000 * self._publish()
+                every = config.trainer.checkpoint_every
+                if every and self.policy_version % every == 0 and self.policy_version < config.run.max_steps:
+                    directory = checkpoint_dir(self.run_dir, self.policy_version)
+                    self.save_checkpoint(directory)
+                    record["checkpoint"] = str(directory)
                 if self.rank == 0:
                     metrics_file.write(json.dumps(record) + "\n")
                     metrics_file.flush()
@@ -210,6 +261,7 @@ class Trainer:
                 [_version_span(seq) for seq in fresh],
                 [len(seq.completion_token_ids) for seq in fresh],
                 float(np.sum(losses)),
+                [(seq.rollout_id, int(np.min(seq.token_versions, initial=trained_at))) for seq in fresh],
             )
         )
         tokens = concat_records([part[0] for part in parts])
@@ -243,6 +295,8 @@ class Trainer:
             "completion_len_mean": float(np.mean(lengths)),
             "trainer/step_s": time.perf_counter() - step_started,
             "micro_batches": len(micro_batches),
+            # (rollout id, oldest version that wrote it): the tracking owner fills the rollout ledger.
+            "rollouts": [list(entry) for part in parts for entry in part[5]],
         }
 
     def _gather(self, part: Any) -> list[Any]:
@@ -285,14 +339,8 @@ class Trainer:
         return time.perf_counter() - started
 
     def _finish(self) -> None:
-        params = [param for _, param in self._parameters()]
-        with self.deepspeed.zero.GatheredParameters(params, enabled=self.config.trainer.zero_stage == 3):
-            if self.rank == 0:
-                from transformers import AutoTokenizer
-
-                # A complete Hugging Face directory: the policy and the tokenizer it was trained with.
-                self.engine.module.save_pretrained(self.run_dir / "final")
-                AutoTokenizer.from_pretrained(self.model_path).save_pretrained(self.run_dir / "final")
+        # A complete Hugging Face directory: the policy and the tokenizer it was trained with.
+        self.save_checkpoint(self.run_dir / "final")
         if self.notices is not None:
             for _ in range(3):  # PUB/SUB may drop one; actors treat repeats as one
                 self.notices.send(Shutdown(reason=f"trainer finished at version {self.policy_version}"))

@@ -105,3 +105,12 @@ def test_run_writes_the_run_directory(tmp_path, random_model_dir):
     assert [r["policy_version"] for r in records] == [1, 2, 3]
     assert json.loads((run_dir / "config.json").read_text())["run"]["max_steps"] == 3
     assert "held-out success" in result.stdout and "sequences written by 2+ versions" in result.stdout
+    assert "MLflow run" in result.stdout
+    assert (run_dir / "mlflow_run_id").read_text() in result.stdout.replace("\n", "")
+
+
+def test_compare_rejects_unknown_modes_before_running():
+    result = run_cli("compare", "--modes", "pipeline,synchronous")
+    assert result.returncode == 2
+    assert "'synchronous' is not a mode" in result.stdout
+    assert "pipeline, conventional, async" in result.stdout

@@ -32,6 +32,7 @@ def small_config(tmp_path: Path, model_dir: Path, *overrides: str):
         [
             f"model.path={model_dir}",
             f"run.output_dir={tmp_path}",
+            f"run.home={tmp_path / 'home'}",
             "run.max_steps=4",
             "rl.group_size=4",
             "rl.batch_size=16",
@@ -43,10 +44,13 @@ def small_config(tmp_path: Path, model_dir: Path, *overrides: str):
     )
 
 
-def recompute_step(npz_path: Path) -> dict:
-    data = np.load(npz_path)
-    ratio = np.exp(data["trainer_logprobs"].astype(np.float64) - data["behaviour_logprobs"])
-    lags = int(data["trained_at_version"]) - data["token_versions"]
+def recompute_step(npz_paths: list[Path]) -> dict:
+    """The step's statistics from every rank's per-token data."""
+    parts = [np.load(path) for path in npz_paths]
+    trainer = np.concatenate([p["trainer_logprobs"].astype(np.float64) for p in parts])
+    behaviour = np.concatenate([p["behaviour_logprobs"] for p in parts])
+    ratio = np.exp(trainer - behaviour)
+    lags = int(parts[0]["trained_at_version"]) - np.concatenate([p["token_versions"] for p in parts])
     return {
         "rl/ess": ratio.sum() ** 2 / (len(ratio) * (ratio**2).sum()),
         "lag/mean": lags.mean(),
@@ -57,9 +61,10 @@ def recompute_step(npz_path: Path) -> dict:
     }
 
 
-def check_records_against_token_data(result) -> None:
+def check_records_against_token_data(result, ranks: int = 1) -> None:
     for record in result.records:
-        npz = result.run_dir / "tokens" / f"step_{record['policy_version']:06d}_rank0.npz"
+        version = record["policy_version"]
+        npz = [result.run_dir / "tokens" / f"step_{version:06d}_rank{rank}.npz" for rank in range(ranks)]
         expected = recompute_step(npz)
         for key, value in expected.items():
             assert record[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (key, record["policy_version"])
@@ -96,6 +101,18 @@ def test_async_mode_writes_each_sequence_with_one_version(tmp_path, random_model
     check_records_against_token_data(result)
 
 
+def test_two_trainer_ranks_with_zero3(tmp_path, random_model_dir):
+    """Data parallel over two DeepSpeed ranks: statistics cover both ranks' tokens."""
+    config = small_config(
+        tmp_path, random_model_dir, "trainer.num_processes=2", "trainer.zero_stage=3", "run.max_steps=3"
+    )
+    result = launch(config)
+    assert result.summary["steps"] == 3 and result.summary["final_policy_version"] == 3
+    check_records_against_token_data(result, ranks=2)
+    assert all(record["samples"] == config.rl.batch_size for record in result.records)
+    assert (result.run_dir / "final" / "model.safetensors").exists()
+
+
 def send_garbage(address: str, count: int) -> None:
     context = zmq.Context.instance()
     socket = context.socket(zmq.PUSH)
@@ -130,6 +147,72 @@ def test_malformed_frames_are_rejected_and_the_run_continues(tmp_path, random_mo
     logs = result.run_dir / "logs"
     assert "malformed" in (logs / "preprocessor.log").read_text()
     assert "malformed" in (logs / "trainer0.log").read_text()
+
+
+def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random_model_dir):
+    """The actor's SUB socket: garbage notices are skipped, a real update after them still loads.
+
+    The test plays the trainer's side with the platform's own sockets and weight group: it binds
+    the weight PUB and the rollout PULL, hosts the weight group, and runs the real actor process.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipelinerl.platform.transport import Receiver, Sender
+    from pipelinerl.platform.weights import WeightGroup, dtype_name
+    from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
+    from pipelinerl.workers.launcher import build_stages, preflight, stop_stages
+
+    config = small_config(tmp_path, random_model_dir, "run.mode=pipeline")
+    preflight(config)
+    run_dir = tmp_path / "actor-alone"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(config.model_dump_json())
+    actor = next(s for s in build_stages(config, run_dir, random_model_dir) if s.name == "actor0")
+    context = zmq.Context()
+    notices = Sender(context, config.transport.address("weights"), "pub", bind=True)
+    rollouts = Receiver(context, config.transport.address("rollouts"), "pull", bind=True)
+    actor.start(cwd=Path.cwd())
+    try:
+        group = WeightGroup(config.transport.host, config.transport.port("weight_group"), 0, 2)
+        first = rollouts.recv(timeout_s=120)
+        assert isinstance(first, Rollout), actor.log_tail()
+        log = run_dir / "logs" / "actor0.log"
+        deadline = time.monotonic() + 60
+        while "malformed" not in log.read_text() and time.monotonic() < deadline:
+            notices.socket.send_multipart([b"\xc1garbage", b"0"])
+            notices.socket.send(b"not msgpack at all")
+            time.sleep(0.2)
+        assert "malformed" in log.read_text(), "the actor never saw the garbage notices"
+
+        model = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
+        named = list(model.named_parameters())
+        tensors = [param.detach() + 0.01 for _, param in named]
+        notices.send(
+            WeightUpdate(
+                policy_version=1,
+                parameter_names=[name for name, _ in named],
+                parameter_shapes=[list(t.shape) for t in tensors],
+                parameter_dtypes=[dtype_name(t) for t in tensors],
+                samples_trained=0,
+                created_at=time.time(),
+            )
+        )
+        group.broadcast(tensors)
+        deadline = time.monotonic() + 120
+        newest = 0
+        while newest < 1 and time.monotonic() < deadline:
+            rollout = rollouts.recv(timeout_s=5)
+            if isinstance(rollout, Rollout) and len(rollout.token_versions):
+                newest = max(newest, int(rollout.token_versions.max()))
+        assert newest == 1, "no token was written by the update sent after the garbage"
+        notices.send(Shutdown(reason="test done"))
+        assert actor.process.wait(timeout=60) == 0, actor.log_tail()
+    finally:
+        stop_stages([actor], grace_s=10)
+        notices.close()
+        rollouts.close()
+        context.term()
 
 
 def test_actor_logits_equal_trainer_logits_after_updates(tmp_path, warm_model_dir):

@@ -1,0 +1,137 @@
+"""The figures a run (or a comparison of runs) is judged by, drawn from its per-step records.
+
+Pure: records in, a matplotlib ``Figure`` out (Agg backend, nothing shown, nothing written);
+the tracking owner logs them to MLflow and ``bench`` saves them under ``docs/``.
+
+* ``lag_histogram``: tokens by lag over the whole run (paper Fig. 2 style);
+* ``lag_by_position``: mean lag against token position in the completion (PipelineRL: early
+  tokens are older than late ones, because in-flight sequences straddle updates);
+* ``learning_curves``: train reward and held-out success against wall time;
+* ``ess_by_step``: ESS against policy version;
+* ``comparison``: modes overlaid: reward against wall time and samples, ESS and lag by step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from matplotlib.figure import Figure  # noqa: E402
+
+Record = Mapping[str, Any]
+EvalPoint = tuple[float, float]  # (wall seconds since training started, held-out success)
+
+
+def _figure(width: float = 6.0, height: float = 3.6) -> Figure:
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def total_lag_histogram(records: Sequence[Record]) -> list[int]:
+    """Per-step histograms summed bin by bin (the last bin is the overflow bin)."""
+    bins = max((len(r["lag/histogram"]) for r in records), default=0)
+    total = [0] * bins
+    for record in records:
+        for lag, count in enumerate(record["lag/histogram"]):
+            total[lag] += count
+    return total
+
+
+def mean_lag_by_position(records: Sequence[Record]) -> list[float | None]:
+    """For each position bucket, the mean over steps of that step's mean lag there."""
+    buckets = max((len(r["lag/by_position"]) for r in records), default=0)
+    means: list[float | None] = []
+    for bucket in range(buckets):
+        values = [
+            r["lag/by_position"][bucket]
+            for r in records
+            if bucket < len(r["lag/by_position"]) and r["lag/by_position"][bucket] is not None
+        ]
+        means.append(sum(values) / len(values) if values else None)
+    return means
+
+
+def lag_histogram(records: Sequence[Record], title: str = "") -> Figure:
+    figure = _figure()
+    axes = figure.add_subplot()
+    counts = total_lag_histogram(records)
+    total = sum(counts) or 1
+    labels = [str(lag) for lag in range(len(counts))]
+    if labels:
+        labels[-1] += "+"
+    axes.bar(labels, [count / total for count in counts], color="tab:blue")
+    axes.set_xlabel("lag (policy versions behind the trainer)")
+    axes.set_ylabel("fraction of trained tokens")
+    axes.set_title(title or "Token lag at train time")
+    return figure
+
+
+def lag_by_position(records: Sequence[Record], title: str = "") -> Figure:
+    figure = _figure()
+    axes = figure.add_subplot()
+    size = records[0]["lag/position_bucket_size"] if records else 1
+    means = mean_lag_by_position(records)
+    points = [(bucket * size, mean) for bucket, mean in enumerate(means) if mean is not None]
+    axes.plot([p for p, _ in points], [m for _, m in points], marker="o", color="tab:orange")
+    axes.set_xlabel("token position in the completion")
+    axes.set_ylabel("mean lag")
+    axes.set_title(title or "Lag against token position")
+    return figure
+
+
+def learning_curves(records: Sequence[Record], evals: Sequence[EvalPoint], title: str = "") -> Figure:
+    figure = _figure()
+    axes = figure.add_subplot()
+    axes.plot(
+        [r["wall_s"] for r in records],
+        [r["rl/reward_mean"] for r in records],
+        label="train reward",
+        alpha=0.7,
+    )
+    if evals:
+        axes.plot([t for t, _ in evals], [s for _, s in evals], "s-", label="held-out success")
+    axes.set_xlabel("wall time (s)")
+    axes.set_ylabel("success")
+    axes.set_ylim(0, 1)
+    axes.legend()
+    axes.set_title(title or "Learning against wall time")
+    return figure
+
+
+def ess_by_step(records: Sequence[Record], title: str = "") -> Figure:
+    figure = _figure()
+    axes = figure.add_subplot()
+    axes.plot([r["policy_version"] for r in records], [r["rl/ess"] for r in records], color="tab:green")
+    axes.set_xlabel("policy version")
+    axes.set_ylabel("ESS")
+    axes.set_ylim(0, 1.05)
+    axes.set_title(title or "Effective sample size per step")
+    return figure
+
+
+def comparison(runs: Mapping[str, Sequence[Record]], title: str = "") -> Figure:
+    """One line per run (keyed by its label): the four panels a comparison is read from."""
+    figure = _figure(11.0, 7.0)
+    by_time, by_samples, ess, lag = figure.subplots(2, 2).flat
+    for label, records in runs.items():
+        reward = [r["rl/reward_mean"] for r in records]
+        by_time.plot([r["wall_s"] for r in records], reward, label=label)
+        by_samples.plot([r["samples/trained"] for r in records], reward, label=label)
+        versions = [r["policy_version"] for r in records]
+        ess.plot(versions, [r["rl/ess"] for r in records], label=label)
+        lag.plot(versions, [r["lag/mean"] for r in records], label=label)
+    for axes, xlabel, ylabel in (
+        (by_time, "wall time (s)", "train reward"),
+        (by_samples, "samples trained", "train reward"),
+        (ess, "policy version", "ESS"),
+        (lag, "policy version", "mean token lag"),
+    ):
+        axes.set_xlabel(xlabel)
+        axes.set_ylabel(ylabel)
+        axes.legend()
+    if title:
+        figure.suptitle(title)
+    return figure

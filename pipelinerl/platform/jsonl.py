@@ -1,0 +1,51 @@
+"""Per-stage metric records as JSON lines: stages append, the run's tracking owner tails.
+
+A stage never talks to MLflow or the database itself: it appends one line per record to its own
+file under the run directory (cheap, never blocks on a server, survives a crash up to the last
+complete line), and the launcher process reads the new lines and writes them in batches.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+
+class JsonlWriter:
+    """Append records to one file, one JSON object per line, flushed line by line (thread-safe)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = path.open("a")
+        self._lock = threading.Lock()
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record) + "\n"
+        with self._lock:
+            self._file.write(line)
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+class JsonlTail:
+    """The complete lines appended to a file since the last call (a partial last line waits)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        return [json.loads(line) for line in data[:end].decode().splitlines() if line.strip()]

@@ -1,0 +1,481 @@
+"""Run tracking: one MLflow run per ``pipelinerl run``, and the platform database, from one owner.
+
+Stages never talk to MLflow: they append records to JSON-lines files (``platform/jsonl.py``); the
+launcher process hands each new record to a ``RunTracker``, whose background thread writes them
+in batches (``log_batch``) every ``tracking.flush_interval_s`` seconds. A slow or unreachable
+server therefore delays the charts, never a stage.
+
+Metric names are stable (``METRICS``); ``step`` is always the policy version. What the tracker
+records:
+
+* params: the whole resolved config, flattened (``run.mode``, ``rl.batch_size``, ...);
+* tags: mode, task, model, git commit, Prefect flow-run id (when there is one), parent run;
+* metrics per optimizer step from the trainer, per weight update from each actor, per batch
+  from the preprocessor, and held-out success when evaluated;
+* figures (``platform/figures.py``) every ``tracking.figures_every`` versions and at the end;
+* checkpoints as MLflow logged models carrying the policy version, samples trained and location;
+* the platform database: the run row, per-step statistics, lag histograms, policy versions, and
+  the rollout ledger (a rollout trained twice is counted in ``ledger/duplicates``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pipelinerl.platform.config import PipelineConfig, flatten
+
+logger = logging.getLogger("pipelinerl.tracking")
+
+# Stable metric names (step = policy version).
+METRICS = (
+    "rl/loss",
+    "rl/reward_mean",
+    "rl/ess",
+    "rl/clipped_fraction",
+    "lag/mean",
+    "lag/p50",
+    "lag/p90",
+    "lag/max",
+    "eval/success",
+    "throughput/actor_tokens_per_s",
+    "throughput/trainer_tokens_per_s",
+    "actor/idle_fraction",
+    "trainer/idle_fraction",
+    "weights/update_pause_ms",
+    "weights/broadcast_ms",
+    "queue/rollouts",
+    "samples/trained",
+    "tokens/trained",
+    "ledger/duplicates",
+)
+_TRAINER_KEYS = (
+    "rl/loss",
+    "rl/reward_mean",
+    "rl/ess",
+    "rl/clipped_fraction",
+    "lag/mean",
+    "lag/p50",
+    "lag/p90",
+    "lag/max",
+    "samples/trained",
+    "tokens/trained",
+    "weights/broadcast_ms",
+)
+_ACTOR_KEYS = ("throughput/actor_tokens_per_s", "actor/idle_fraction", "weights/update_pause_ms")
+MAX_METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch call
+MAX_PARAMS_PER_BATCH = 100
+MAX_PARAM_LENGTH = 6000
+
+
+class TrackingError(RuntimeError):
+    """The tracking store cannot be used; the message names the URI and the cause."""
+
+
+# ----- pure mapping from stage records to metrics -----
+
+
+def trainer_metrics(record: Mapping[str, Any]) -> dict[str, float]:
+    """Stable metrics of one trainer record (one optimizer step)."""
+    metrics = {key: float(record[key]) for key in _TRAINER_KEYS if key in record}
+    busy = float(record["trainer/step_s"]) + float(record.get("weights/broadcast_ms", 0.0)) / 1000
+    total = busy + float(record["trainer/wait_s"])
+    metrics["trainer/idle_fraction"] = float(record["trainer/wait_s"]) / total if total > 0 else 0.0
+    metrics["throughput/trainer_tokens_per_s"] = float(record["tokens"]) / total if total > 0 else 0.0
+    return metrics
+
+
+def actor_metrics(record: Mapping[str, Any]) -> dict[str, float]:
+    """Stable metrics of one actor record (one loaded weight update); actors > 0 get a prefix."""
+    actor_id = int(record.get("actor_id", 0))
+    prefix = "" if actor_id == 0 else f"actor{actor_id}:"
+    return {prefix + key: float(record[key]) for key in _ACTOR_KEYS if key in record}
+
+
+def preprocessor_metrics(record: Mapping[str, Any]) -> dict[str, float]:
+    return {"queue/rollouts": float(record["queue/rollouts"])}
+
+
+def mlflow_uri(config: PipelineConfig) -> str:
+    """``tracking.mlflow_uri``, else ``MLFLOW_TRACKING_URI``, else SQLite in the platform home."""
+    if config.tracking.mlflow_uri:
+        return config.tracking.mlflow_uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    home = config.run.home.expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{home / 'mlflow.db'}"
+
+
+def artifact_root(config: PipelineConfig) -> str | None:
+    """Where artifacts go for a local store (a server chooses its own): the platform home."""
+    uri = mlflow_uri(config)
+    if uri.startswith(("http://", "https://", "databricks")):
+        return None
+    return (config.run.home.expanduser() / "mlartifacts").resolve().as_uri()
+
+
+def git_commit() -> str | None:
+    """The commit of the code being run (None outside a git checkout)."""
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() or None
+
+
+def run_tags(config: PipelineConfig, model_path: Path, prefect_flow_run_id: str | None) -> dict[str, str]:
+    tags = {
+        "mode": config.run.mode,
+        "task": config.task.name,
+        "model": str(model_path),
+        "engine": config.actor.engine,
+    }
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+        tags["git_commit"] = commit
+    if prefect_flow_run_id:
+        tags["prefect_flow_run_id"] = prefect_flow_run_id
+    return tags
+
+
+def param_items(config: PipelineConfig) -> list[tuple[str, str]]:
+    return [(key, str(value)[:MAX_PARAM_LENGTH]) for key, value in sorted(flatten(config).items())]
+
+
+# ----- MLflow -----
+
+
+class MlflowStore:
+    """The few MLflow calls the platform makes, on one client (nothing global is changed)."""
+
+    def __init__(self, uri: str, artifact_location: str | None = None) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.uri = uri
+        self.artifact_location = artifact_location
+        self.client = MlflowClient(tracking_uri=uri)
+
+    def experiment_id(self, name: str) -> str:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            experiment = self.client.get_experiment_by_name(name)
+            if experiment is not None:
+                return str(experiment.experiment_id)
+            return str(self.client.create_experiment(name, artifact_location=self.artifact_location))
+        except MlflowException as error:
+            raise TrackingError(f"MLflow store {self.uri!r}: {error.message}") from None
+        except Exception as error:  # connection errors surface as many types
+            raise TrackingError(f"MLflow store {self.uri!r} is not reachable: {error}") from None
+
+    def start_run(
+        self, experiment: str, run_name: str, tags: Mapping[str, str], parent_run_id: str | None = None
+    ) -> str:
+        tags = dict(tags)
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        run = self.client.create_run(self.experiment_id(experiment), run_name=run_name, tags=tags)
+        return str(run.info.run_id)
+
+    def log_params(self, run_id: str, items: Sequence[tuple[str, str]]) -> None:
+        from mlflow.entities import Param
+
+        params = [Param(key, value) for key, value in items]
+        for start in range(0, len(params), MAX_PARAMS_PER_BATCH):
+            self.client.log_batch(run_id, params=params[start : start + MAX_PARAMS_PER_BATCH])
+
+    def log_metrics(self, run_id: str, points: Sequence[MetricPoint]) -> None:
+        from mlflow.entities import Metric
+
+        metrics = [Metric(p.key, p.value, int(p.timestamp * 1000), p.step) for p in points]
+        for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(run_id, metrics=metrics[start : start + MAX_METRICS_PER_BATCH])
+
+    def log_figure(self, run_id: str, figure: Any, artifact_file: str) -> None:
+        self.client.log_figure(run_id, figure, artifact_file)
+
+    def log_dict(self, run_id: str, data: dict[str, Any], artifact_file: str) -> None:
+        self.client.log_dict(run_id, data, artifact_file)
+
+    def log_checkpoint(self, run_id: str, experiment: str, checkpoint: CheckpointRecord) -> str:
+        """A logged model pointing at the checkpoint directory (weights are not copied)."""
+        from mlflow.entities import LoggedModelStatus
+
+        model = self.client.create_logged_model(
+            experiment_id=self.experiment_id(experiment),
+            name=f"policy-v{checkpoint.policy_version:06d}",
+            source_run_id=run_id,
+            params={"policy_version": str(checkpoint.policy_version)},
+            tags={
+                "policy_version": str(checkpoint.policy_version),
+                "samples_trained": str(checkpoint.samples_trained),
+                "checkpoint": checkpoint.path,
+            },
+            model_type="pipelinerl-policy",
+        )
+        self.client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+        return str(model.model_id)
+
+    def end_run(self, run_id: str, status: str) -> None:
+        self.client.set_terminated(run_id, status=status)
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    key: str
+    value: float
+    step: int
+    timestamp: float
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    policy_version: int
+    samples_trained: int
+    path: str
+
+
+# ----- the owner -----
+
+
+@dataclass
+class TrackedRun:
+    """What the owner has seen of the run so far (for figures and the final summary)."""
+
+    trainer_records: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[tuple[float, float]] = field(default_factory=list)  # (wall_s, success)
+    duplicates: int = 0
+    # Policy-version fields that may arrive before the trainer's record of that version.
+    versions: dict[int, dict[str, Any]] = field(default_factory=dict)
+    pending: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+MLFLOW_STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+
+
+class RunTracker:
+    """Writes one run to MLflow and the platform database from a background thread.
+
+    ``start`` (synchronous: a store that cannot be reached fails the run before any stage starts),
+    then ``trainer_records`` / ``actor_records`` / ``preprocessor_records`` / ``evaluated`` as data
+    arrives (they only enqueue), then ``finish``.
+    """
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        run_id: str,
+        *,
+        parent_mlflow_run_id: str | None = None,
+        parent_run_id: str | None = None,
+        prefect_flow_run_id: str | None = None,
+    ) -> None:
+        self.config = config
+        self.run_id = run_id
+        self.parent_run_id = parent_run_id
+        self.parent_mlflow_run_id = parent_mlflow_run_id
+        self.prefect_flow_run_id = prefect_flow_run_id
+        self.mlflow: MlflowStore | None = None
+        self.mlflow_run_id: str | None = None
+        self.store: Any = None  # PlatformStore
+        self.seen = TrackedRun()
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_figures_version = 0
+        self.failures = 0
+
+    # --- lifecycle ---
+
+    def start(self, model_path: Path, started_at: float) -> str:
+        """Create the MLflow run and the database row; returns the MLflow run id."""
+        from pipelinerl.platform.db import database_url
+        from pipelinerl.platform.store import PlatformStore
+
+        config = self.config
+        if mlflow_uri(config) == database_url(config):
+            raise TrackingError(
+                f"the MLflow store and the platform database are both {mlflow_uri(config)!r}; they need "
+                "separate databases (both have a table named runs): set tracking.database_url or "
+                "tracking.mlflow_uri to another one"
+            )
+        self.mlflow = MlflowStore(mlflow_uri(config), artifact_root(config))
+        self.mlflow_run_id = self.mlflow.start_run(
+            config.run.name,
+            self.run_id,
+            run_tags(config, model_path, self.prefect_flow_run_id),
+            self.parent_mlflow_run_id,
+        )
+        self.mlflow.log_params(self.mlflow_run_id, param_items(config))
+        self.store = PlatformStore(database_url(config))
+        self.store.create_run(
+            self.run_id,
+            name=config.run.name,
+            mode=config.run.mode,
+            config=config.model_dump(mode="json"),
+            started_at=datetime.fromtimestamp(started_at, UTC),
+            mlflow_run_id=self.mlflow_run_id,
+            prefect_flow_run_id=self.prefect_flow_run_id,
+            parent_run_id=self.parent_run_id,
+        )
+        self._thread = threading.Thread(target=self._loop, name="tracking", daemon=True)
+        self._thread.start()
+        return self.mlflow_run_id
+
+    def finish(self, status: str, summary: dict[str, Any] | None = None) -> None:
+        """Flush everything, log the final figures and summary, and close the run as ``status``."""
+        if self.mlflow is None or self.mlflow_run_id is None:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._flush()
+        self._log_figures()
+        if summary is not None:
+            self.mlflow.log_dict(self.mlflow_run_id, summary, "summary.json")
+            self.mlflow.log_metrics(
+                self.mlflow_run_id,
+                [
+                    MetricPoint(f"summary/{key}", float(value), 0, time.time())
+                    for key, value in summary.items()
+                    if isinstance(value, int | float) and not isinstance(value, bool)
+                ],
+            )
+        self.mlflow.end_run(self.mlflow_run_id, MLFLOW_STATUS[status])
+        self.store.finish_run(self.run_id, status=status, ended_at=datetime.now(UTC), summary=summary)
+
+    # --- data in (called from the launcher's supervise loop; never blocks) ---
+
+    def trainer_records(self, records: Sequence[dict[str, Any]]) -> None:
+        for record in records:
+            self._queue.put(("trainer", record))
+
+    def actor_records(self, records: Sequence[dict[str, Any]]) -> None:
+        for record in records:
+            self._queue.put(("actor", record))
+
+    def preprocessor_records(self, records: Sequence[dict[str, Any]]) -> None:
+        for record in records:
+            self._queue.put(("preprocessor", record))
+
+    def evaluated(self, policy_version: int, success: float, wall_s: float) -> None:
+        self._queue.put(("eval", (policy_version, success, wall_s)))
+
+    def checkpoint(self, checkpoint: CheckpointRecord) -> None:
+        self._queue.put(("checkpoint", checkpoint))
+
+    # --- the background thread ---
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.config.tracking.flush_interval_s):
+            self._flush()
+            every = self.config.tracking.figures_every
+            newest = self.seen.trainer_records[-1]["policy_version"] if self.seen.trainer_records else 0
+            if every and newest - self._last_figures_version >= every:
+                self._last_figures_version = newest
+                self._log_figures()
+
+    def _flush(self) -> None:
+        items: list[tuple[str, Any]] = []
+        while True:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        if not items:
+            return
+        try:
+            self._write(items)
+        except Exception:  # tracking must not take the run down; the failure is counted and logged
+            self.failures += 1
+            logger.exception("tracking: could not write %d items (failure %d)", len(items), self.failures)
+
+    def _write(self, items: list[tuple[str, Any]]) -> None:
+        assert self.mlflow is not None and self.mlflow_run_id is not None
+        points: list[MetricPoint] = []
+        for kind, payload in items:
+            if kind == "trainer":
+                points.extend(self._trainer_record(payload))
+            elif kind == "actor":
+                for key, value in actor_metrics(payload).items():
+                    points.append(MetricPoint(key, value, int(payload["policy_version"]), payload["time"]))
+                if "weights/update_pause_ms" in payload and int(payload.get("actor_id", 0)) == 0:
+                    self._policy_version(
+                        int(payload["policy_version"]), pause_ms=float(payload["weights/update_pause_ms"])
+                    )
+            elif kind == "preprocessor":
+                for key, value in preprocessor_metrics(payload).items():
+                    points.append(MetricPoint(key, value, int(payload["step"]), payload["time"]))
+            elif kind == "eval":
+                version, success, wall_s = payload
+                self.seen.evals.append((wall_s, success))
+                points.append(MetricPoint("eval/success", success, version, time.time()))
+            elif kind == "checkpoint":
+                self.mlflow.log_checkpoint(self.mlflow_run_id, self.config.run.name, payload)
+                self._policy_version(payload.policy_version, checkpoint_path=payload.path)
+        self.mlflow.log_metrics(self.mlflow_run_id, points)
+
+    def _trainer_record(self, record: dict[str, Any]) -> list[MetricPoint]:
+        version = int(record["policy_version"])
+        self.seen.trainer_records.append(record)
+        duplicates = self.store.record_consumed(
+            self.run_id,
+            [(rollout_id, produced_by, version) for rollout_id, produced_by in record["rollouts"]],
+        )
+        self.seen.duplicates += len(duplicates)
+        created_at = datetime.fromtimestamp(float(record["time"]), UTC)
+        self.store.record_step(self.run_id, version, record, record["lag/histogram"], created_at=created_at)
+        self.seen.versions[version] = {
+            "samples_trained": int(record["samples/trained"]),
+            "tokens_trained": int(record["tokens/trained"]),
+            "created_at": created_at,
+        }
+        self._policy_version(version, broadcast_ms=record.get("weights/broadcast_ms"))
+        metrics = trainer_metrics(record)
+        metrics["ledger/duplicates"] = float(self.seen.duplicates)
+        return [MetricPoint(key, value, version, float(record["time"])) for key, value in metrics.items()]
+
+    def _policy_version(self, version: int, **fields: Any) -> None:
+        """Record fields of a policy version once the trainer's record of it has been seen."""
+        pending = self.seen.pending.setdefault(version, {})
+        pending.update({key: value for key, value in fields.items() if value is not None})
+        if version in self.seen.versions:
+            self.store.record_policy_version(
+                self.run_id, version, **self.seen.versions[version], **self.seen.pending.pop(version)
+            )
+
+    def _log_figures(self) -> None:
+        from pipelinerl.platform import figures
+
+        records = self.seen.trainer_records
+        if not records or self.mlflow is None or self.mlflow_run_id is None:
+            return
+        try:
+            for name, figure in (
+                ("lag_histogram", figures.lag_histogram(records)),
+                ("lag_by_position", figures.lag_by_position(records)),
+                ("learning_curves", figures.learning_curves(records, self.seen.evals)),
+                ("ess_by_step", figures.ess_by_step(records)),
+            ):
+                self.mlflow.log_figure(self.mlflow_run_id, figure, f"figures/{name}.png")
+        except Exception:
+            self.failures += 1
+            logger.exception("tracking: could not log figures")

@@ -1,0 +1,64 @@
+"""``compare``: two real runs as child MLflow runs under one parent, with the overlay and table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelinerl.platform.config import load_config
+from pipelinerl.workers.compare import run_comparison
+
+pytestmark = pytest.mark.slow
+
+
+def test_pipeline_against_conventional(tmp_path, random_model_dir):
+    from mlflow.tracking import MlflowClient
+
+    from pipelinerl.platform.db import database_url
+    from pipelinerl.platform.store import PlatformStore
+    from pipelinerl.platform.tracking import mlflow_uri
+
+    config = load_config(
+        None,
+        [
+            f"model.path={random_model_dir}",
+            f"run.output_dir={tmp_path / 'runs'}",
+            f"run.home={tmp_path / 'home'}",
+            "run.max_steps=4",
+            "run.steps_per_round=2",
+            "rl.group_size=4",
+            "rl.batch_size=16",
+            "actor.max_in_flight=16",
+            "task.eval_problems=16",
+            "transport.base_port=48300",
+        ],
+    )
+    result = run_comparison(config, ["pipeline", "conventional"], target=0.0)
+    assert [row.label for row in result.rows] == ["pipeline", "conventional-G2"]
+    assert result.target == 0.0
+    pipeline, conventional = result.rows
+    assert pipeline.speedup == 1.0
+    assert conventional.time_to_target_s == result.results["conventional-G2"].records[0]["wall_s"]
+    assert conventional.ess_mean == result.results["conventional-G2"].summary["ess_mean"]
+    assert conventional.lag_max <= 1
+
+    client = MlflowClient(tracking_uri=mlflow_uri(config))
+    parent = client.get_run(result.mlflow_run_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["kind"] == "comparison"
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{result.mlflow_run_id}'"
+    )
+    assert sorted(child.data.tags["mode"] for child in children) == ["conventional", "pipeline"]
+    assert all(child.info.status == "FINISHED" for child in children)
+    artifacts = {a.path for a in client.list_artifacts(result.mlflow_run_id, "figures")}
+    assert "figures/comparison.png" in artifacts
+    table = json.loads(Path(client.download_artifacts(result.mlflow_run_id, "comparison.json")).read_text())
+    assert [row["label"] for row in table["modes"]] == ["pipeline", "conventional-G2"]
+    assert parent.data.metrics["conventional-G2/ess_mean"] == pytest.approx(conventional.ess_mean)
+
+    store = PlatformStore(database_url(config))
+    assert store.get_run(result.comparison_id).run.mode == "compare"
+    child_rows = [store.get_run(r.run_dir.name).run for r in result.results.values()]
+    assert all(row.parent_run_id == result.comparison_id for row in child_rows)

@@ -1,0 +1,272 @@
+"""A real run tracked in a real MLflow store and the platform database (SQLite in a temporary home).
+
+One short pipeline run (checkpoints and figures every 2 versions) is launched once for the module;
+the tests read back what MLflow and the database hold and compare it with the run's own files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from pipelinerl.platform.checkpoint import read_info
+from pipelinerl.platform.config import load_config
+from pipelinerl.platform.tracking import METRICS
+from pipelinerl.workers.launcher import launch
+
+pytestmark = pytest.mark.slow
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory, random_model_dir):
+    tmp_path = tmp_path_factory.mktemp("tracked")
+    config = load_config(
+        None,
+        [
+            f"model.path={random_model_dir}",
+            f"run.output_dir={tmp_path / 'runs'}",
+            f"run.home={tmp_path / 'home'}",
+            f"run.max_steps={STEPS}",
+            "run.name=tracking-test",
+            "rl.group_size=4",
+            "rl.batch_size=16",
+            "actor.max_in_flight=16",
+            "task.eval_problems=16",
+            "trainer.checkpoint_every=2",
+            "tracking.figures_every=2",
+            "tracking.flush_interval_s=0.5",
+            "transport.base_port=48100",
+        ],
+    )
+    result = launch(config)
+    from mlflow.tracking import MlflowClient
+
+    from pipelinerl.platform.db import database_url
+    from pipelinerl.platform.tracking import mlflow_uri
+
+    client = MlflowClient(tracking_uri=mlflow_uri(config))
+    mlflow_run_id = (result.run_dir / "mlflow_run_id").read_text()
+    return config, result, client, client.get_run(mlflow_run_id), database_url(config)
+
+
+def test_run_params_and_tags(tracked):
+    config, result, client, run, _ = tracked
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == result.run_dir.name
+    assert client.get_experiment(run.info.experiment_id).name == "tracking-test"
+    params = run.data.params
+    assert params["run.mode"] == "pipeline"
+    assert params["rl.batch_size"] == "16"
+    assert params["trainer.checkpoint_every"] == "2"
+    assert len(params) >= 40, "the whole flattened config is logged"
+    tags = run.data.tags
+    assert tags["mode"] == "pipeline" and tags["task"] == "arithmetic"
+    assert tags["model"] == str(config.model.path)
+    assert len(tags["git_commit"]) == 40
+
+
+def test_metrics_use_stable_names_and_policy_versions_as_steps(tracked):
+    _, result, client, run, _ = tracked
+    run_id = run.info.run_id
+    for key in ("rl/loss", "rl/reward_mean", "rl/ess", "lag/mean", "lag/p50", "lag/p90", "lag/max"):
+        history = client.get_metric_history(run_id, key)
+        assert [m.step for m in history] == list(range(1, STEPS + 1)), key
+        logged = [m.value for m in history]
+        assert logged == pytest.approx([r[key] for r in result.records]), key
+    samples = client.get_metric_history(run_id, "samples/trained")
+    assert [m.value for m in samples] == [16, 32, 48, 64]
+    for key in (
+        "trainer/idle_fraction",
+        "throughput/trainer_tokens_per_s",
+        "weights/broadcast_ms",
+        "weights/update_pause_ms",
+        "throughput/actor_tokens_per_s",
+        "actor/idle_fraction",
+        "queue/rollouts",
+    ):
+        history = client.get_metric_history(run_id, key)
+        assert history, f"{key} was never logged"
+        assert key in METRICS
+    idle = [m.value for m in client.get_metric_history(run_id, "trainer/idle_fraction")]
+    assert all(0 <= value <= 1 for value in idle)
+    evals = client.get_metric_history(run_id, "eval/success")
+    assert [m.step for m in evals] == [0, STEPS]
+    assert evals[-1].value == pytest.approx(result.summary["eval_success_end"])
+    # Real timestamps: metrics of later versions were logged later.
+    ess = client.get_metric_history(run_id, "rl/ess")
+    assert [m.timestamp for m in ess] == sorted(m.timestamp for m in ess)
+    assert client.get_metric_history(run_id, "ledger/duplicates")[-1].value == 0
+
+
+def test_figures_and_summary_are_artifacts(tracked):
+    _, result, client, run, _ = tracked
+    names = {artifact.path for artifact in client.list_artifacts(run.info.run_id, "figures")}
+    assert {
+        "figures/lag_histogram.png",
+        "figures/lag_by_position.png",
+        "figures/learning_curves.png",
+        "figures/ess_by_step.png",
+    } <= names
+    local = Path(client.download_artifacts(run.info.run_id, "summary.json"))
+    assert json.loads(local.read_text())["steps"] == result.summary["steps"]
+
+
+def test_checkpoints_are_logged_models_with_their_version(tracked):
+    _, result, client, run, _ = tracked
+    models = client.search_logged_models(experiment_ids=[run.info.experiment_id])
+    by_version = {int(m.tags["policy_version"]): m for m in models if m.source_run_id == run.info.run_id}
+    assert sorted(by_version) == [2, STEPS]
+    middle = by_version[2]
+    assert middle.tags["samples_trained"] == "32"
+    checkpoint = Path(middle.tags["checkpoint"])
+    assert checkpoint == result.run_dir / "checkpoints" / "v000002"
+    assert read_info(checkpoint).policy_version == 2
+    assert Path(by_version[STEPS].tags["checkpoint"]) == result.run_dir / "final"
+
+
+def test_platform_database_holds_the_run(tracked):
+    _, result, _, run, url = tracked
+    from pipelinerl.platform.store import PlatformStore
+
+    store = PlatformStore(url)
+    detail = store.get_run(result.run_dir.name)
+    assert detail.run.status == "finished"
+    assert detail.run.mode == "pipeline"
+    assert detail.run.mlflow_run_id == run.info.run_id
+    assert [s.version for s in detail.steps] == list(range(1, STEPS + 1))
+    assert [s.ess for s in detail.steps] == pytest.approx([r["rl/ess"] for r in result.records])
+    versions = {v.version: v for v in detail.policy_versions}
+    assert versions[2].checkpoint_path == str(result.run_dir / "checkpoints" / "v000002")
+    assert versions[STEPS].samples_trained == 64
+    assert all(versions[v].broadcast_ms is not None for v in range(1, STEPS + 1))
+    assert any(v.pause_ms is not None for v in versions.values()), "actor pauses reach the database"
+    # Every trained rollout is in the ledger exactly once.
+    assert len(store.consumed_ids(result.run_dir.name)) == result.summary["samples_trained"]
+    assert sum(detail.lag_histograms[1].values()) == result.records[0]["tokens"]
+
+
+def test_resume_from_a_checkpoint(tracked, tmp_path):
+    config, result, client, _, _ = tracked
+    checkpoint = result.run_dir / "checkpoints" / "v000002"
+    resumed_config = config.model_copy(
+        update={
+            "run": config.run.model_copy(update={"resume_from": checkpoint, "output_dir": tmp_path}),
+            "transport": config.transport.model_copy(update={"base_port": 48140}),
+        }
+    )
+    resumed = launch(resumed_config)
+    assert [r["policy_version"] for r in resumed.records] == [3, 4]
+    assert resumed.records[0]["samples/trained"] == 32 + 16
+    assert resumed.summary["start_policy_version"] == 2
+    assert read_info(resumed.run_dir / "final").policy_version == STEPS
+
+
+def test_the_same_records_track_to_postgresql(tracked, postgres_url, second_postgres_url):
+    """MLflow and the platform tables on a real PostgreSQL database, fed the run's own records."""
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    from pipelinerl.platform.jsonl import JsonlTail
+    from pipelinerl.platform.store import PlatformStore
+    from pipelinerl.platform.tracking import RunTracker
+
+    config, result, _, _, _ = tracked
+    on_postgres = config.model_copy(
+        update={
+            "tracking": config.tracking.model_copy(
+                update={"mlflow_uri": postgres_url, "database_url": second_postgres_url}
+            )
+        }
+    )
+    tracker = RunTracker(on_postgres, "replayed-run")
+    mlflow_run_id = tracker.start(config.model.path, started_at=time.time())
+    tracker.trainer_records(JsonlTail(result.run_dir / "metrics.jsonl").read())
+    tracker.actor_records(JsonlTail(result.run_dir / "actor0.jsonl").read())
+    tracker.preprocessor_records(JsonlTail(result.run_dir / "preprocessor.jsonl").read())
+    tracker.finish("finished", result.summary)
+
+    client = MlflowClient(tracking_uri=postgres_url)
+    history = client.get_metric_history(mlflow_run_id, "rl/ess")
+    assert [m.value for m in history] == pytest.approx([r["rl/ess"] for r in result.records])
+    assert client.get_run(mlflow_run_id).data.params["run.mode"] == "pipeline"
+    detail = PlatformStore(second_postgres_url).get_run("replayed-run")
+    assert detail.run.status == "finished" and len(detail.steps) == STEPS
+    assert tracker.failures == 0
+
+
+def test_the_same_records_track_to_a_tracking_server(tracked, tmp_path):
+    """``tracking.mlflow_uri=http://...``: a real ``mlflow server`` on 127.0.0.1 (artifacts served)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from mlflow.tracking import MlflowClient
+
+    from pipelinerl.platform.jsonl import JsonlTail
+    from pipelinerl.platform.tracking import RunTracker
+
+    config, result, _, _, _ = tracked
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'server.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "server-artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{uri}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("mlflow server did not become healthy in 90 s")
+        on_server = config.model_copy(
+            update={
+                "tracking": config.tracking.model_copy(
+                    update={"mlflow_uri": uri, "database_url": f"sqlite:///{tmp_path / 'platform.db'}"}
+                )
+            }
+        )
+        tracker = RunTracker(on_server, "served-run")
+        mlflow_run_id = tracker.start(config.model.path, started_at=time.time())
+        tracker.trainer_records(JsonlTail(result.run_dir / "metrics.jsonl").read())
+        tracker.finish("finished", result.summary)
+        client = MlflowClient(tracking_uri=uri)
+        history = client.get_metric_history(mlflow_run_id, "lag/mean")
+        assert [m.value for m in history] == pytest.approx([r["lag/mean"] for r in result.records])
+        names = {a.path for a in client.list_artifacts(mlflow_run_id, "figures")}
+        assert "figures/lag_histogram.png" in names
+        assert any((tmp_path / "server-artifacts").rglob("lag_histogram.png")), "the server stored it"
+        assert tracker.failures == 0
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
