@@ -144,7 +144,9 @@ class TrainerConfig(Section):
     )
     torch_threads: int = Field(1, ge=1, description="torch threads of each trainer process.")
     checkpoint_every: int = Field(
-        0, ge=0, description="Save a Hugging Face checkpoint every N policy versions (0: only the final one)."
+        25,
+        ge=0,
+        description="Save a Hugging Face checkpoint every N policy versions (0: only the final one).",
     )
 
 
@@ -166,12 +168,22 @@ class TrackingConfig(Section):
     flush_interval_s: float = Field(
         2.0, gt=0, le=60, description="Seconds between batched writes of metrics to MLflow."
     )
+    final_flush_timeout_s: float = Field(
+        60.0,
+        ge=0,
+        description="At the end of a run, how long to keep retrying a tracking store that went away "
+        "before giving up on the buffered metrics (the run directory keeps them all).",
+    )
 
 
 class TransportConfig(Section):
     host: str = Field("127.0.0.1", description="Address the sockets bind to (loopback only for now).")
     base_port: int = Field(
-        47100, ge=1024, le=65000, description="First of the consecutive ports the run uses (see PORTS)."
+        21100,
+        ge=1024,
+        le=65000,
+        description="First of the consecutive ports the run uses (see PORTS). Keep it below the kernel's "
+        "ephemeral range (Linux: 32768-60999), where any outgoing connection may hold a port.",
     )
     queue_size: int = Field(
         32, ge=1, description="High-water mark of the rollout queue, in messages (bounds memory and lag)."

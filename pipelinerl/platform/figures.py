@@ -61,7 +61,9 @@ def lag_histogram(records: Sequence[Record], title: str = "") -> Figure:
     total = sum(counts) or 1
     labels = [str(lag) for lag in range(len(counts))]
     if labels:
-        labels[-1] += "+"
+        labels[-1] += "+"  # the overflow bin
+    while len(counts) > 1 and counts[-1] == 0:  # empty bins past the largest lag
+        counts, labels = counts[:-1], labels[:-1]
     axes.bar(labels, [count / total for count in counts], color="tab:blue")
     axes.set_xlabel("lag (policy versions behind the trainer)")
     axes.set_ylabel("fraction of trained tokens")

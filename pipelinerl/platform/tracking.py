@@ -26,7 +26,7 @@ import queue
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -163,10 +163,48 @@ def param_items(config: PipelineConfig) -> list[tuple[str, str]]:
 # ----- MLflow -----
 
 
+# An unreachable server must not stall the tracking thread for minutes of HTTP retries: the outbox
+# retries at the next flush anyway. Applied to this process unless the user set them.
+HTTP_RETRY_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
+PROBE_TIMEOUT_S = 5.0
+
+
+def check_reachable(uri: str, what: str = "MLflow store") -> None:
+    """Fail at once, with a clear message, when ``uri`` cannot be reached (server or database)."""
+    if uri.startswith(("http://", "https://")):
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S):
+                return
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise TrackingError(
+                f"{what} {uri!r} is not reachable ({reason}); start the server, or point "
+                "tracking.mlflow_uri / MLFLOW_TRACKING_URI elsewhere"
+            ) from None
+    if "://" in uri and not uri.startswith(("sqlite:", "file:")):
+        import sqlalchemy
+
+        try:
+            engine = sqlalchemy.create_engine(uri, connect_args={"connect_timeout": int(PROBE_TIMEOUT_S)})
+            with engine.connect():
+                pass
+            engine.dispose()
+        except Exception as error:  # driver errors vary; the first line names the cause
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            shown = sqlalchemy.engine.make_url(uri).render_as_string(hide_password=True)
+            raise TrackingError(f"{what} {shown!r} is not reachable: {first_line}") from None
+
+
 class MlflowStore:
-    """The few MLflow calls the platform makes, on one client (nothing global is changed)."""
+    """The few MLflow calls the platform makes, on one client."""
 
     def __init__(self, uri: str, artifact_location: str | None = None) -> None:
+        for name, value in HTTP_RETRY_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+        check_reachable(uri)
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
@@ -301,6 +339,9 @@ class RunTracker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_figures_version = 0
+        self._points: list[MetricPoint] = []  # the outbox: metric points and writes not yet stored
+        self._writes: list[Callable[[], object]] = []
+        self._outage = False
         self.failures = 0
 
     # --- lifecycle ---
@@ -317,6 +358,8 @@ class RunTracker:
                 "separate databases (both have a table named runs): set tracking.database_url or "
                 "tracking.mlflow_uri to another one"
             )
+        # Both stores are reached before anything is created in either: no orphan run on failure.
+        self.store = PlatformStore(database_url(config))
         self.mlflow = MlflowStore(mlflow_uri(config), artifact_root(config))
         self.mlflow_run_id = self.mlflow.start_run(
             config.run.name,
@@ -325,7 +368,6 @@ class RunTracker:
             self.parent_mlflow_run_id,
         )
         self.mlflow.log_params(self.mlflow_run_id, param_items(config))
-        self.store = PlatformStore(database_url(config))
         self.store.create_run(
             self.run_id,
             name=config.run.name,
@@ -341,26 +383,42 @@ class RunTracker:
         return self.mlflow_run_id
 
     def finish(self, status: str, summary: dict[str, Any] | None = None) -> None:
-        """Flush everything, log the final figures and summary, and close the run as ``status``."""
+        """Flush everything, log the final figures and summary, and close the run as ``status``.
+
+        If the stores are unreachable, retries for ``tracking.final_flush_timeout_s`` and then
+        gives up, saying what was not written (the run directory still holds every record).
+        """
         if self.mlflow is None or self.mlflow_run_id is None:
             return
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._flush()
-        self._log_figures()
+        mlflow, run_id = self.mlflow, self.mlflow_run_id
+        self._writes.append(self._log_figures)
         if summary is not None:
-            self.mlflow.log_dict(self.mlflow_run_id, summary, "summary.json")
-            self.mlflow.log_metrics(
-                self.mlflow_run_id,
-                [
-                    MetricPoint(f"summary/{key}", float(value), 0, time.time())
-                    for key, value in summary.items()
-                    if isinstance(value, int | float) and not isinstance(value, bool)
-                ],
+            self._writes.append(lambda: mlflow.log_dict(run_id, summary, "summary.json"))
+            self._points.extend(
+                MetricPoint(f"summary/{key}", float(value), 0, time.time())
+                for key, value in summary.items()
+                if isinstance(value, int | float) and not isinstance(value, bool)
             )
-        self.mlflow.end_run(self.mlflow_run_id, MLFLOW_STATUS[status])
-        self.store.finish_run(self.run_id, status=status, ended_at=datetime.now(UTC), summary=summary)
+        self._writes.append(lambda: mlflow.end_run(run_id, MLFLOW_STATUS[status]))
+        self._writes.append(
+            lambda: self.store.finish_run(
+                self.run_id, status=status, ended_at=datetime.now(UTC), summary=summary
+            )
+        )
+        deadline = time.monotonic() + self.config.tracking.final_flush_timeout_s
+        while not self._flush():
+            if time.monotonic() >= deadline:
+                logger.error(
+                    "tracking: %d items could not be written to %s before giving up; the run directory "
+                    "keeps every record",
+                    self.outbox_size,
+                    self.mlflow.uri,
+                )
+                return
+            time.sleep(min(2.0, self.config.tracking.flush_interval_s))
 
     # --- data in (called from the launcher's supervise loop; never blocks) ---
 
@@ -383,6 +441,10 @@ class RunTracker:
         self._queue.put(("checkpoint", checkpoint))
 
     # --- the background thread ---
+    #
+    # Each record is turned, once, into metric points and "writes" (database rows, logged models);
+    # both wait in an outbox until the stores take them. If a store is down, the outbox keeps them
+    # (the run goes on) and the next flush retries, in order; nothing is written twice.
 
     def _loop(self) -> None:
         while not self._stop.wait(self.config.tracking.flush_interval_s):
@@ -391,76 +453,104 @@ class RunTracker:
             newest = self.seen.trainer_records[-1]["policy_version"] if self.seen.trainer_records else 0
             if every and newest - self._last_figures_version >= every:
                 self._last_figures_version = newest
-                self._log_figures()
+                self._writes.append(self._log_figures)
 
-    def _flush(self) -> None:
-        items: list[tuple[str, Any]] = []
+    @property
+    def outbox_size(self) -> int:
+        return len(self._points) + len(self._writes)
+
+    def _flush(self) -> bool:
+        """Process new records and try to empty the outbox; True when it is empty."""
         while True:
             try:
-                items.append(self._queue.get_nowait())
+                kind, payload = self._queue.get_nowait()
             except queue.Empty:
                 break
-        if not items:
-            return
+            self._process(kind, payload)
+        if not self.outbox_size:
+            return True
         try:
-            self._write(items)
-        except Exception:  # tracking must not take the run down; the failure is counted and logged
+            while self._writes:
+                self._writes[0]()
+                self._writes.pop(0)
+            assert self.mlflow is not None and self.mlflow_run_id is not None
+            self.mlflow.log_metrics(self.mlflow_run_id, self._points)
+            self._points.clear()
+        except Exception as error:  # tracking must not take the run down: keep the outbox, say so
             self.failures += 1
-            logger.exception("tracking: could not write %d items (failure %d)", len(items), self.failures)
+            if not self._outage:
+                logger.warning(
+                    "tracking store unreachable (%s): %s; training goes on, %d items buffered",
+                    type(error).__name__,
+                    str(error).splitlines()[0][:200] if str(error) else "",
+                    self.outbox_size,
+                )
+            self._outage = True
+            return False
+        if self._outage:
+            logger.warning("tracking store reachable again; buffered items written")
+            self._outage = False
+        return True
 
-    def _write(self, items: list[tuple[str, Any]]) -> None:
-        assert self.mlflow is not None and self.mlflow_run_id is not None
-        points: list[MetricPoint] = []
-        for kind, payload in items:
-            if kind == "trainer":
-                points.extend(self._trainer_record(payload))
-            elif kind == "actor":
-                for key, value in actor_metrics(payload).items():
-                    points.append(MetricPoint(key, value, int(payload["policy_version"]), payload["time"]))
-                if "weights/update_pause_ms" in payload and int(payload.get("actor_id", 0)) == 0:
-                    self._policy_version(
-                        int(payload["policy_version"]), pause_ms=float(payload["weights/update_pause_ms"])
-                    )
-            elif kind == "preprocessor":
-                for key, value in preprocessor_metrics(payload).items():
-                    points.append(MetricPoint(key, value, int(payload["step"]), payload["time"]))
-            elif kind == "eval":
-                version, success, wall_s = payload
-                self.seen.evals.append((wall_s, success))
-                points.append(MetricPoint("eval/success", success, version, time.time()))
-            elif kind == "checkpoint":
-                self.mlflow.log_checkpoint(self.mlflow_run_id, self.config.run.name, payload)
-                self._policy_version(payload.policy_version, checkpoint_path=payload.path)
-        self.mlflow.log_metrics(self.mlflow_run_id, points)
+    def _process(self, kind: str, payload: Any) -> None:
+        if kind == "trainer":
+            self._trainer_record(payload)
+        elif kind == "actor":
+            for key, value in actor_metrics(payload).items():
+                self._points.append(MetricPoint(key, value, int(payload["policy_version"]), payload["time"]))
+            if "weights/update_pause_ms" in payload and int(payload.get("actor_id", 0)) == 0:
+                self._policy_version(
+                    int(payload["policy_version"]), pause_ms=float(payload["weights/update_pause_ms"])
+                )
+        elif kind == "preprocessor":
+            for key, value in preprocessor_metrics(payload).items():
+                self._points.append(MetricPoint(key, value, int(payload["step"]), payload["time"]))
+        elif kind == "eval":
+            version, success, wall_s = payload
+            self.seen.evals.append((wall_s, success))
+            self._points.append(MetricPoint("eval/success", success, version, time.time()))
+        elif kind == "checkpoint":
+            assert self.mlflow is not None and self.mlflow_run_id is not None
+            mlflow, run_id, name = self.mlflow, self.mlflow_run_id, self.config.run.name
+            self._writes.append(lambda: mlflow.log_checkpoint(run_id, name, payload))
+            self._policy_version(payload.policy_version, checkpoint_path=payload.path)
 
-    def _trainer_record(self, record: dict[str, Any]) -> list[MetricPoint]:
+    def _trainer_record(self, record: dict[str, Any]) -> None:
         version = int(record["policy_version"])
         self.seen.trainer_records.append(record)
-        duplicates = self.store.record_consumed(
-            self.run_id,
-            [(rollout_id, produced_by, version) for rollout_id, produced_by in record["rollouts"]],
-        )
-        self.seen.duplicates += len(duplicates)
         created_at = datetime.fromtimestamp(float(record["time"]), UTC)
-        self.store.record_step(self.run_id, version, record, record["lag/histogram"], created_at=created_at)
+        entries = [(rollout_id, produced_by, version) for rollout_id, produced_by in record["rollouts"]]
+
+        def ledger_and_step() -> None:
+            # One ledger transaction: retried whole after an outage, so no id is counted twice.
+            duplicates = self.store.record_consumed(self.run_id, entries)
+            self.seen.duplicates += len(duplicates)
+            self._points.append(
+                MetricPoint("ledger/duplicates", float(self.seen.duplicates), version, float(record["time"]))
+            )
+            self.store.record_step(
+                self.run_id, version, record, record["lag/histogram"], created_at=created_at
+            )
+
+        self._writes.append(ledger_and_step)
         self.seen.versions[version] = {
             "samples_trained": int(record["samples/trained"]),
             "tokens_trained": int(record["tokens/trained"]),
             "created_at": created_at,
         }
         self._policy_version(version, broadcast_ms=record.get("weights/broadcast_ms"))
-        metrics = trainer_metrics(record)
-        metrics["ledger/duplicates"] = float(self.seen.duplicates)
-        return [MetricPoint(key, value, version, float(record["time"])) for key, value in metrics.items()]
+        self._points.extend(
+            MetricPoint(key, value, version, float(record["time"]))
+            for key, value in trainer_metrics(record).items()
+        )
 
     def _policy_version(self, version: int, **fields: Any) -> None:
         """Record fields of a policy version once the trainer's record of it has been seen."""
         pending = self.seen.pending.setdefault(version, {})
         pending.update({key: value for key, value in fields.items() if value is not None})
         if version in self.seen.versions:
-            self.store.record_policy_version(
-                self.run_id, version, **self.seen.versions[version], **self.seen.pending.pop(version)
-            )
+            values = {**self.seen.versions[version], **self.seen.pending.pop(version)}
+            self._writes.append(lambda: self.store.record_policy_version(self.run_id, version, **values))
 
     def _log_figures(self) -> None:
         from pipelinerl.platform import figures
@@ -468,14 +558,10 @@ class RunTracker:
         records = self.seen.trainer_records
         if not records or self.mlflow is None or self.mlflow_run_id is None:
             return
-        try:
-            for name, figure in (
-                ("lag_histogram", figures.lag_histogram(records)),
-                ("lag_by_position", figures.lag_by_position(records)),
-                ("learning_curves", figures.learning_curves(records, self.seen.evals)),
-                ("ess_by_step", figures.ess_by_step(records)),
-            ):
-                self.mlflow.log_figure(self.mlflow_run_id, figure, f"figures/{name}.png")
-        except Exception:
-            self.failures += 1
-            logger.exception("tracking: could not log figures")
+        for name, figure in (
+            ("lag_histogram", figures.lag_histogram(records)),
+            ("lag_by_position", figures.lag_by_position(records)),
+            ("learning_curves", figures.learning_curves(records, self.seen.evals)),
+            ("ess_by_step", figures.ess_by_step(records)),
+        ):
+            self.mlflow.log_figure(self.mlflow_run_id, figure, f"figures/{name}.png")

@@ -87,11 +87,17 @@ def new_run_id(mode: str) -> str:
 
 
 def preflight(config: PipelineConfig) -> None:
-    """Fail before any process starts: ports in use, a checkpoint that cannot be resumed from."""
+    """Fail before any process starts: ports in use, unreachable tracking stores, a bad checkpoint."""
     from pipelinerl.platform.transport import check_bindable
 
     for address in config.transport.all_bound_addresses(config.trainer.num_processes):
         check_bindable(address, setting="transport.base_port")
+    if config.tracking.enabled:  # an unreachable store fails now, not after the model is prepared
+        from pipelinerl.platform.db import database_url
+        from pipelinerl.platform.tracking import check_reachable, mlflow_uri
+
+        check_reachable(mlflow_uri(config))
+        check_reachable(database_url(config), "platform database")
     if config.run.resume_from is not None:
         from pipelinerl.platform.checkpoint import read_info
 

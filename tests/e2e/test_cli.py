@@ -93,7 +93,7 @@ def test_run_writes_the_run_directory(tmp_path, random_model_dir):
         "--set", "run.max_steps=3",
         "--set", "rl.batch_size=16",
         "--set", "task.eval_problems=16",
-        "--set", "transport.base_port=47950",
+        "--set", "transport.base_port=21950",
         timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -114,3 +114,28 @@ def test_compare_rejects_unknown_modes_before_running():
     assert result.returncode == 2
     assert "'synchronous' is not a mode" in result.stdout
     assert "pipeline, conventional, async" in result.stdout
+
+
+def test_unreachable_tracking_stores_stop_the_run_at_once(tmp_path, random_model_dir):
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    common = [
+        "run",
+        "--set", f"model.path={random_model_dir}",
+        "--set", f"run.output_dir={tmp_path}",
+        "--set", "transport.base_port=21970",
+    ]  # fmt: skip
+    server = run_cli(*common, "--set", f"tracking.mlflow_uri=http://127.0.0.1:{port}", timeout=60)
+    assert server.returncode == 1
+    assert f"MLflow store 'http://127.0.0.1:{port}' is not reachable" in server.stdout
+    database = run_cli(
+        *common, "--set", f"tracking.database_url=postgresql://postgres@127.0.0.1:{port}/none", timeout=60
+    )
+    assert database.returncode == 1
+    assert (
+        f"platform database 'postgresql://postgres@127.0.0.1:{port}/none' is not reachable" in database.stdout
+    )
+    assert list(tmp_path.iterdir()) == [], "nothing started: no run directory"

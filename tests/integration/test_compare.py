@@ -32,7 +32,7 @@ def test_pipeline_against_conventional(tmp_path, random_model_dir):
             "rl.batch_size=16",
             "actor.max_in_flight=16",
             "task.eval_problems=16",
-            "transport.base_port=48300",
+            "transport.base_port=22300",
         ],
     )
     result = run_comparison(config, ["pipeline", "conventional"], target=0.0)

@@ -23,7 +23,7 @@ from pipelinerl.workers.launcher import launch
 
 pytestmark = pytest.mark.slow
 
-_next_port = iter(range(47300, 47900, 20))
+_next_port = iter(range(21300, 21900, 20))
 
 
 def small_config(tmp_path: Path, model_dir: Path, *overrides: str):

@@ -6,9 +6,17 @@ the tests read back what MLflow and the database hold and compare it with the ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,7 +49,7 @@ def tracked(tmp_path_factory, random_model_dir):
             "trainer.checkpoint_every=2",
             "tracking.figures_every=2",
             "tracking.flush_interval_s=0.5",
-            "transport.base_port=48100",
+            "transport.base_port=22100",
         ],
     )
     result = launch(config)
@@ -157,7 +165,7 @@ def test_resume_from_a_checkpoint(tracked, tmp_path):
     resumed_config = config.model_copy(
         update={
             "run": config.run.model_copy(update={"resume_from": checkpoint, "output_dir": tmp_path}),
-            "transport": config.transport.model_copy(update={"base_port": 48140}),
+            "transport": config.transport.model_copy(update={"base_port": 22140}),
         }
     )
     resumed = launch(resumed_config)
@@ -201,31 +209,23 @@ def test_the_same_records_track_to_postgresql(tracked, postgres_url, second_post
     assert tracker.failures == 0
 
 
-def test_the_same_records_track_to_a_tracking_server(tracked, tmp_path):
-    """``tracking.mlflow_uri=http://...``: a real ``mlflow server`` on 127.0.0.1 (artifacts served)."""
-    import socket
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-
-    from mlflow.tracking import MlflowClient
-
-    from pipelinerl.platform.jsonl import JsonlTail
-    from pipelinerl.platform.tracking import RunTracker
-
-    config, result, _, _, _ = tracked
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_server(store: Path, port: int) -> Iterator[str]:
+    """A real ``mlflow server`` on 127.0.0.1 with a SQLite store and served artifacts."""
     server = subprocess.Popen(
         [
             str(Path(sys.executable).parent / "mlflow"),
             "server",
             "--backend-store-uri",
-            f"sqlite:///{tmp_path / 'server.db'}",
+            f"sqlite:///{store / 'server.db'}",
             "--artifacts-destination",
-            str(tmp_path / "server-artifacts"),
+            str(store / "server-artifacts"),
             "--host",
             "127.0.0.1",
             "--port",
@@ -249,12 +249,27 @@ def test_the_same_records_track_to_a_tracking_server(tracked, tmp_path):
                 time.sleep(0.5)
         else:
             pytest.fail("mlflow server did not become healthy in 90 s")
-        on_server = config.model_copy(
-            update={
-                "tracking": config.tracking.model_copy(
-                    update={"mlflow_uri": uri, "database_url": f"sqlite:///{tmp_path / 'platform.db'}"}
-                )
-            }
+        yield uri
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)
+
+
+def with_tracking(config, **update):
+    return config.model_copy(update={"tracking": config.tracking.model_copy(update=update)})
+
+
+def test_the_same_records_track_to_a_tracking_server(tracked, tmp_path):
+    """``tracking.mlflow_uri=http://...``: records and figures reach a real server."""
+    from mlflow.tracking import MlflowClient
+
+    from pipelinerl.platform.jsonl import JsonlTail
+    from pipelinerl.platform.tracking import RunTracker
+
+    config, result, _, _, _ = tracked
+    with mlflow_server(tmp_path, free_port()) as uri:
+        on_server = with_tracking(
+            config, mlflow_uri=uri, database_url=f"sqlite:///{tmp_path / 'platform.db'}"
         )
         tracker = RunTracker(on_server, "served-run")
         mlflow_run_id = tracker.start(config.model.path, started_at=time.time())
@@ -267,6 +282,51 @@ def test_the_same_records_track_to_a_tracking_server(tracked, tmp_path):
         assert "figures/lag_histogram.png" in names
         assert any((tmp_path / "server-artifacts").rglob("lag_histogram.png")), "the server stored it"
         assert tracker.failures == 0
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+
+
+def test_a_tracking_server_that_goes_away_mid_run(tmp_path, random_model_dir, caplog):
+    """The run keeps training while the server is down, says so, and writes everything once it is back."""
+    from mlflow.tracking import MlflowClient
+
+    port = free_port()
+    config = load_config(
+        None,
+        [
+            f"model.path={random_model_dir}",
+            f"run.output_dir={tmp_path / 'runs'}",
+            f"run.home={tmp_path / 'home'}",
+            "run.max_steps=10",
+            "rl.group_size=4",
+            "rl.batch_size=16",
+            "actor.max_in_flight=16",
+            "task.eval_problems=16",
+            "tracking.flush_interval_s=0.5",
+            "tracking.final_flush_timeout_s=120",
+            f"tracking.mlflow_uri=http://127.0.0.1:{port}",
+            "transport.base_port=22200",
+        ],
+    )
+    outcome: dict = {}
+    with mlflow_server(tmp_path, port):
+        thread = threading.Thread(target=lambda: outcome.update(result=launch(config, run_id="outage")))
+        thread.start()
+        metrics = tmp_path / "runs" / "outage" / "metrics.jsonl"
+        deadline = time.monotonic() + 180
+        while (
+            not metrics.exists() or len(metrics.read_text().splitlines()) < 2
+        ) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert metrics.exists(), "the run never started training"
+    # The server is down now; training goes on. Bring it back on the same store a little later.
+    time.sleep(3)
+    with mlflow_server(tmp_path, port) as uri:
+        thread.join(timeout=300)
+        result = outcome["result"]
+        assert result.summary["steps"] == 10
+        assert "tracking store unreachable" in caplog.text
+        assert "reachable again" in caplog.text
+        client = MlflowClient(tracking_uri=uri)
+        run = client.get_run((result.run_dir / "mlflow_run_id").read_text())
+        assert run.info.status == "FINISHED"
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "rl/ess")]
+        assert steps == list(range(1, 11)), "every step reached MLflow exactly once"

@@ -47,15 +47,16 @@ def recompute(old, new, prompt: list[int], tokens: list[int], switch: int) -> li
         sequence = prompt + tokens
         prefix_len = len(prompt) + max(switch - 1, 0)  # inputs fed before the pause
         logprobs_old, cache = token_logprobs(old, sequence[:prefix_len])
-        logprobs_new, _ = token_logprobs(
-            new, sequence[prefix_len : len(prompt) + len(tokens) - 1], past=cache
-        )
+        after_switch = sequence[prefix_len : len(prompt) + len(tokens) - 1]
+        # A sequence that finished before the update has no input after the switch.
+        logprobs_new = token_logprobs(new, after_switch, past=cache)[0] if after_switch else None
     result = []
     for j, token in enumerate(tokens):
         position = len(prompt) + j - 1  # input position whose logits give token j
         if j < switch:
             result.append(float(logprobs_old[position, token]))
         else:
+            assert logprobs_new is not None
             result.append(float(logprobs_new[position - prefix_len, token]))
     return result
 
