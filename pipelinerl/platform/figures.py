@@ -22,6 +22,8 @@ matplotlib.use("Agg")
 
 from matplotlib.figure import Figure  # noqa: E402
 
+from pipelinerl.platform.comparison import DEFAULT_WINDOW, smoothed_rewards  # noqa: E402
+
 Record = Mapping[str, Any]
 EvalPoint = tuple[float, float]  # (wall seconds since training started, held-out success)
 
@@ -64,7 +66,8 @@ def lag_histogram(records: Sequence[Record], title: str = "") -> Figure:
         labels[-1] += "+"  # the overflow bin
     while len(counts) > 1 and counts[-1] == 0:  # empty bins past the largest lag
         counts, labels = counts[:-1], labels[:-1]
-    axes.bar(labels, [count / total for count in counts], color="tab:blue")
+    axes.bar(range(len(counts)), [count / total for count in counts], color="tab:blue")
+    axes.set_xticks(range(len(counts)), labels)
     axes.set_xlabel("lag (policy versions behind the trainer)")
     axes.set_ylabel("fraction of trained tokens")
     axes.set_title(title or "Token lag at train time")
@@ -114,17 +117,27 @@ def ess_by_step(records: Sequence[Record], title: str = "") -> Figure:
     return figure
 
 
-def comparison(runs: Mapping[str, Sequence[Record]], title: str = "") -> Figure:
-    """One line per run (keyed by its label): the four panels a comparison is read from."""
+def comparison(runs: Mapping[str, Sequence[Record]], title: str = "", window: int = DEFAULT_WINDOW) -> Figure:
+    """One colour per run (keyed by its label): the four panels a comparison is read from.
+
+    Reward panels show each step's train reward faintly and its trailing mean (``window`` steps,
+    the curve the comparison's time to target is read from) solid.
+    """
     figure = _figure(11.0, 7.0)
     by_time, by_samples, ess, lag = figure.subplots(2, 2).flat
-    for label, records in runs.items():
-        reward = [r["rl/reward_mean"] for r in records]
-        by_time.plot([r["wall_s"] for r in records], reward, label=label)
-        by_samples.plot([r["samples/trained"] for r in records], reward, label=label)
+    for index, (label, records) in enumerate(runs.items()):
+        color = f"C{index}"
+        raw = [r["rl/reward_mean"] for r in records]
+        smooth = smoothed_rewards(records, window)
+        for axes, x in (
+            (by_time, [r["wall_s"] for r in records]),
+            (by_samples, [r["samples/trained"] for r in records]),
+        ):
+            axes.plot(x, raw, color=color, alpha=0.25, linewidth=0.8)
+            axes.plot(x, smooth, color=color, label=f"{label} (mean of {window} steps)")
         versions = [r["policy_version"] for r in records]
-        ess.plot(versions, [r["rl/ess"] for r in records], label=label)
-        lag.plot(versions, [r["lag/mean"] for r in records], label=label)
+        ess.plot(versions, [r["rl/ess"] for r in records], color=color, label=label)
+        lag.plot(versions, [r["lag/mean"] for r in records], color=color, label=label)
     for axes, xlabel, ylabel in (
         (by_time, "wall time (s)", "train reward"),
         (by_samples, "samples trained", "train reward"),

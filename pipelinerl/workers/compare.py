@@ -93,7 +93,7 @@ def run_comparison(
             window=window,
         )
         if parent is not None:
-            parent.log(results, goal, rows)
+            parent.log(results, goal, rows, window)
         outcome = "finished"
         return ComparisonResult(comparison_id, goal, rows, results, parent.mlflow_run_id if parent else None)
     except KeyboardInterrupt:
@@ -135,15 +135,17 @@ class _Parent:
         )
         self.summary: dict[str, Any] | None = None
 
-    def log(self, results: dict[str, RunResult], target: float, rows: list[ModeRow]) -> None:
+    def log(self, results: dict[str, RunResult], target: float, rows: list[ModeRow], window: int) -> None:
         from pipelinerl.platform import figures
         from pipelinerl.platform.tracking import MetricPoint
 
         figure = figures.comparison(
-            {label: r.records for label, r in results.items()}, title=f"Comparison {self.comparison_id}"
+            {label: r.records for label, r in results.items()},
+            title=f"Comparison {self.comparison_id}",
+            window=window,
         )
         self.mlflow.log_figure(self.mlflow_run_id, figure, "figures/comparison.png")
-        self.summary = {"target_reward": target, "modes": [asdict(row) for row in rows]}
+        self.summary = {"target_reward": target, "window": window, "modes": [asdict(row) for row in rows]}
         self.mlflow.log_dict(self.mlflow_run_id, self.summary, "comparison.json")
         now = time.time()
         points = [MetricPoint("compare/target_reward", target, 0, now)]

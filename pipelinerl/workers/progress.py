@@ -129,7 +129,7 @@ def print_comparison(console: Console, result: Any) -> None:
         "held-out success",
         "training wall time",
     ):
-        table.add_column(column, justify="left" if column == "run" else "right")
+        table.add_column(column, justify="left" if column == "run" else "right", no_wrap=True)
     for row in rows:
         table.add_row(
             row.label,
@@ -141,6 +141,6 @@ def print_comparison(console: Console, result: Any) -> None:
             f"{row.eval_success_start:.1%} -> {row.eval_success_end:.1%}",
             f"{row.wall_s:.0f} s",
         )
-    console.print(table)
+    console.print(table, width=max(console.width, 150))  # a log file gets the full table too
     if result.mlflow_run_id:
         console.print(f"parent MLflow run: {result.mlflow_run_id} (child runs: one per mode)")

@@ -1,0 +1,153 @@
+"""The ``rl-run`` Prefect flow: one PipelineRL (or baseline) run, launched and watched from Prefect.
+
+The flow takes the whole run configuration as one typed parameter (``PipelineConfig``), so the
+Prefect UI renders a form with every field's description, dropdowns for choices and the
+constraints checked before anything starts. On one machine the flow runs the launcher
+(``workers/launcher.py``): the actor, preprocessor and trainer processes, supervised until the
+trainer ends. While it runs, the flow
+
+* streams every stage's log into the flow run's logs (``StageLogForwarder``);
+* publishes progress as a Prefect table artifact (version, reward, ESS, lag) and links the MLflow
+  run in a markdown artifact;
+* tags the MLflow run with its flow-run id, so each can be found from the other.
+
+A crashed stage fails the flow run with that stage's log tail (``StageFailed``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.runtime import flow_run
+
+from pipelinerl.platform.config import PipelineConfig
+
+PROGRESS_EVERY = 10  # policy versions between two progress artifacts
+LOG_POLL_S = 1.0
+ARTIFACT_KEY = "rl-run-progress"
+
+
+class StageLogForwarder:
+    """Tails ``<run_dir>/logs/*.log`` and sends each new line to a logger, prefixed by its stage."""
+
+    def __init__(self, logs_dir: Path, logger: Any) -> None:
+        self.logs_dir = logs_dir
+        self.logger = logger
+        self.offsets: dict[Path, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="stage-logs", daemon=True)
+
+    def __enter__(self) -> StageLogForwarder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.forward()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(LOG_POLL_S):
+            self.forward()
+
+    def forward(self) -> None:
+        if not self.logs_dir.is_dir():
+            return
+        for path in sorted(self.logs_dir.glob("*.log")):
+            offset = self.offsets.get(path, 0)
+            with path.open("rb") as handle:
+                handle.seek(offset)
+                data = handle.read()
+            end = data.rfind(b"\n") + 1
+            self.offsets[path] = offset + end
+            for line in data[:end].decode(errors="replace").splitlines():
+                if line.strip():
+                    self.logger.info("[%s] %s", path.stem, line)
+
+
+def progress_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The progress table: one row per policy version."""
+    return [
+        {
+            "version": r["policy_version"],
+            "reward": round(r["rl/reward_mean"], 4),
+            "ESS": round(r["rl/ess"], 4),
+            "lag mean": round(r["lag/mean"], 3),
+            "lag max": r["lag/max"],
+            "samples": r["samples/trained"],
+            "wall s": round(r["wall_s"], 1),
+        }
+        for r in records
+    ]
+
+
+class ProgressArtifacts:
+    """Collects trainer records; every ``PROGRESS_EVERY`` versions, a new table artifact version."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self._published = 0
+
+    def add(self, records: Sequence[dict[str, Any]]) -> None:
+        self.records.extend(records)
+        if self.records and self.records[-1]["policy_version"] - self._published >= PROGRESS_EVERY:
+            self.publish()
+
+    def publish(self) -> None:
+        if not self.records:
+            return
+        self._published = self.records[-1]["policy_version"]
+        create_table_artifact(
+            key=ARTIFACT_KEY,
+            table=progress_rows(self.records),
+            description=f"Progress up to policy version {self._published}",
+        )
+
+
+def mlflow_link_markdown(config: PipelineConfig, run_dir: Path) -> str:
+    from pipelinerl.platform.tracking import mlflow_uri
+
+    uri = mlflow_uri(config)
+    run_id_file = run_dir / "mlflow_run_id"
+    mlflow_run_id = run_id_file.read_text() if run_id_file.exists() else "(not tracked)"
+    lines = [f"# Run `{run_dir.name}`", "", f"* MLflow run: `{mlflow_run_id}` in `{uri}`"]
+    if uri.startswith(("http://", "https://")):
+        lines.append(f"* Open: {uri.rstrip('/')}/#/runs/{mlflow_run_id}")
+    lines.append(f"* Run directory: `{run_dir}`")
+    return "\n".join(lines)
+
+
+@flow(name="rl-run", log_prints=True)
+def rl_run(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008 (the form's default)
+    """Run PipelineRL (or a baseline, by `run.mode`) on this machine and return its summary."""
+    from pipelinerl.workers.launcher import launch, new_run_id
+
+    logger = get_run_logger()
+    run_id = new_run_id(config.run.mode)
+    run_dir = (config.run.output_dir / run_id).resolve()
+    progress = ProgressArtifacts()
+    with StageLogForwarder(run_dir / "logs", logger):
+        result = launch(
+            config,
+            run_id=run_id,
+            on_records=progress.add,
+            on_status=lambda text: logger.info("%s", text),
+            prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
+        )
+    progress.publish()
+    create_markdown_artifact(key="rl-run-mlflow", markdown=mlflow_link_markdown(config, result.run_dir))
+    summary = result.summary
+    logger.info(
+        "held-out success %.1f%% -> %.1f%%, ESS %.3f, lag mean %.2f max %d",
+        100 * summary["eval_success_start"],
+        100 * summary["eval_success_end"],
+        summary["ess_mean"],
+        summary["lag_mean"],
+        summary["lag_max"],
+    )
+    return summary

@@ -1,0 +1,79 @@
+"""The ``rl-run`` flow: its parameter form, and a real run under Prefect's test harness."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelinerl.flows.rl_run import rl_run
+from pipelinerl.platform.config import load_config
+
+
+def test_parameter_form_shows_config_fields_with_descriptions():
+    from prefect.utilities.callables import parameter_schema
+
+    schema = parameter_schema(rl_run).model_dump()
+    definitions = schema["definitions"]
+    run_section = definitions["RunConfig"]["properties"]
+    assert run_section["mode"]["enum"] == ["pipeline", "conventional", "async"]  # a dropdown
+    assert "in-flight" in run_section["mode"]["description"]
+    assert run_section["max_steps"]["minimum"] == 1
+    rl_section = definitions["RLConfig"]["properties"]
+    assert rl_section["group_size"]["description"].startswith("Samples per prompt")
+    assert set(definitions["PipelineConfig"]["properties"]) >= {"run", "model", "actor", "rl", "trainer", "tracking"}
+    for section in ("RunConfig", "ActorConfig", "RLConfig", "TrainerConfig", "TrackingConfig"):
+        for name, field in definitions[section]["properties"].items():
+            assert field.get("description"), f"{section}.{name} has no description"
+
+
+@pytest.mark.slow
+def test_rl_run_flow_runs_the_pipeline(tmp_path, random_model_dir):
+    from mlflow.tracking import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.testing.utilities import prefect_test_harness
+
+    from pipelinerl.platform.tracking import mlflow_uri
+
+    config = load_config(
+        None,
+        [
+            f"model.path={random_model_dir}",
+            f"run.output_dir={tmp_path / 'runs'}",
+            f"run.home={tmp_path / 'home'}",
+            "run.max_steps=3",
+            "rl.batch_size=16",
+            "actor.max_in_flight=16",
+            "task.eval_problems=16",
+            "transport.base_port=22500",
+        ],
+    )
+    with prefect_test_harness(server_startup_timeout=120):
+        state = rl_run(config=config, return_state=True)
+        assert state.is_completed(), state
+        summary = state.result()
+        assert summary["steps"] == 3 and summary["final_policy_version"] == 3
+        flow_run_id = state.state_details.flow_run_id
+
+        import anyio
+
+        async def read() -> tuple[list, list]:
+            async with get_client() as client:
+                from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+                artifacts = await client.read_artifacts(
+                    artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+                )
+                logs = await client.read_logs()
+            return artifacts, logs
+
+        artifacts, logs = anyio.run(read)
+    by_key = {artifact.key: artifact for artifact in artifacts}
+    assert by_key["rl-run-progress"].type == "table"
+    assert "MLflow run" in by_key["rl-run-mlflow"].data
+    messages = [log.message for log in logs if log.flow_run_id == flow_run_id]
+    assert any(message.startswith("[trainer0]") for message in messages), "stage logs reach Prefect"
+    assert any(message.startswith("[actor0]") for message in messages)
+
+    run_dir = tmp_path / "runs" / summary["run_id"]
+    client = MlflowClient(tracking_uri=mlflow_uri(config))
+    mlflow_run = client.get_run((run_dir / "mlflow_run_id").read_text())
+    assert mlflow_run.data.tags["prefect_flow_run_id"] == str(flow_run_id)
