@@ -73,10 +73,16 @@ def _run_errors() -> Iterator[None]:
     from pipelinerl.platform.db import PlatformDatabaseError
     from pipelinerl.platform.tracking import TrackingError
     from pipelinerl.platform.transport import PortInUseError
-    from pipelinerl.workers.launcher import StageFailed
+    from pipelinerl.workers.launcher import RunTerminated, StageFailed
 
     try:
         yield
+    except RunTerminated as stop:
+        console.print(f"[yellow]stopped:[/yellow] {stop}; every stage was stopped", soft_wrap=True)
+        raise typer.Exit(143) from None
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted:[/yellow] every stage was stopped", soft_wrap=True)
+        raise typer.Exit(130) from None
     except (
         PortInUseError,
         StageFailed,

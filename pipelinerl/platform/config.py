@@ -310,3 +310,17 @@ def flatten(config: BaseModel, prefix: str = "") -> dict[str, Any]:
         else:
             flat[key] = str(value) if isinstance(value, Path) else value
     return flat
+
+
+def with_overrides(config: PipelineConfig, values: dict[str, Any]) -> PipelineConfig:
+    """``config`` with ``{"section.key": value}`` applied and validated again (sweeps, comparisons)."""
+    data = config.model_dump(mode="json")
+    for key, value in values.items():
+        section, _, leaf = key.partition(".")
+        if not leaf or section not in data or not isinstance(data[section], dict):
+            raise ConfigError(f"override {key!r} does not name a setting as section.key")
+        data[section][leaf] = value
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None

@@ -9,11 +9,10 @@ for printing. The statistics are ``platform/comparison.py``'s.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +68,11 @@ def run_comparison(
     status = on_status or (lambda text: None)
     configs = [mode_config(config, mode) for mode in modes]
     comparison_id = f"{datetime.now():%Y%m%d-%H%M%S}-compare-{uuid.uuid4().hex[:6]}"
-    parent = _Parent(config, comparison_id, modes, prefect_flow_run_id) if config.tracking.enabled else None
+    parent = None
+    if config.tracking.enabled:
+        from pipelinerl.platform.tracking import ParentRun
+
+        parent = ParentRun(config, comparison_id, "compare", {"modes": ",".join(modes)}, prefect_flow_run_id)
     results: dict[str, RunResult] = {}
     outcome = "failed"
     try:
@@ -93,76 +96,38 @@ def run_comparison(
             window=window,
         )
         if parent is not None:
-            parent.log(results, goal, rows, window)
+            log_comparison(parent, results, goal, rows, window)
         outcome = "finished"
         return ComparisonResult(comparison_id, goal, rows, results, parent.mlflow_run_id if parent else None)
-    except KeyboardInterrupt:
-        outcome = "killed"
+    except BaseException as error:  # a signal or cancellation (not an Exception) means killed
+        outcome = "failed" if isinstance(error, Exception) else "killed"
         raise
     finally:
         if parent is not None:
             parent.finish(outcome)
 
 
-class _Parent:
-    """The comparison's own MLflow run and platform-database row."""
+def log_comparison(
+    parent: Any, results: dict[str, RunResult], target: float, rows: list[ModeRow], window: int
+) -> None:
+    """The overlay figure, the table and per-mode metrics on the parent run."""
+    from pipelinerl.platform import figures
 
-    def __init__(
-        self, config: PipelineConfig, comparison_id: str, modes: list[str], flow_run_id: str | None
-    ) -> None:
-        from pipelinerl.platform.db import database_url
-        from pipelinerl.platform.store import PlatformStore
-        from pipelinerl.platform.tracking import MlflowStore, artifact_root, mlflow_uri, param_items
-
-        self.comparison_id = comparison_id
-        self.mlflow = MlflowStore(mlflow_uri(config), artifact_root(config))
-        tags = {"kind": "comparison", "modes": ",".join(modes), "task": config.task.name}
-        if flow_run_id:
-            tags["prefect_flow_run_id"] = flow_run_id
-        self.mlflow_run_id = self.mlflow.start_run(config.run.name, comparison_id, tags)
-        self.mlflow.log_params(
-            self.mlflow_run_id, [item for item in param_items(config) if item[0] != "run.mode"]
-        )
-        self.store = PlatformStore(database_url(config))
-        self.store.create_run(
-            comparison_id,
-            name=config.run.name,
-            mode="compare",
-            config=config.model_dump(mode="json"),
-            started_at=datetime.now(UTC),
-            mlflow_run_id=self.mlflow_run_id,
-            prefect_flow_run_id=flow_run_id,
-        )
-        self.summary: dict[str, Any] | None = None
-
-    def log(self, results: dict[str, RunResult], target: float, rows: list[ModeRow], window: int) -> None:
-        from pipelinerl.platform import figures
-        from pipelinerl.platform.tracking import MetricPoint
-
-        figure = figures.comparison(
-            {label: r.records for label, r in results.items()},
-            title=f"Comparison {self.comparison_id}",
-            window=window,
-        )
-        self.mlflow.log_figure(self.mlflow_run_id, figure, "figures/comparison.png")
-        self.summary = {"target_reward": target, "window": window, "modes": [asdict(row) for row in rows]}
-        self.mlflow.log_dict(self.mlflow_run_id, self.summary, "comparison.json")
-        now = time.time()
-        points = [MetricPoint("compare/target_reward", target, 0, now)]
-        for row in rows:
-            for key in ("time_to_target_s", "speedup", "ess_mean", "lag_mean", "lag_max", "eval_success_end"):
-                value = getattr(row, key)
-                if value is not None:
-                    points.append(MetricPoint(f"{row.label}/{key}", float(value), 0, now))
-        self.mlflow.log_metrics(self.mlflow_run_id, points)
-
-    def finish(self, outcome: str) -> None:
-        from pipelinerl.platform.tracking import MLFLOW_STATUS
-
-        self.mlflow.end_run(self.mlflow_run_id, MLFLOW_STATUS[outcome])
-        self.store.finish_run(
-            self.comparison_id, status=outcome, ended_at=datetime.now(UTC), summary=self.summary
-        )
+    figure = figures.comparison(
+        {label: r.records for label, r in results.items()}, title=f"Comparison {parent.run_id}", window=window
+    )
+    parent.log_figure(figure, "figures/comparison.png")
+    metrics: dict[str, float] = {"compare/target_reward": target}
+    for row in rows:
+        for key in ("time_to_target_s", "speedup", "ess_mean", "lag_mean", "lag_max", "eval_success_end"):
+            value = getattr(row, key)
+            if value is not None:
+                metrics[f"{row.label}/{key}"] = float(value)
+    parent.log_table(
+        {"target_reward": target, "window": window, "modes": [asdict(row) for row in rows]},
+        "comparison.json",
+        metrics,
+    )
 
 
 def comparison_dir(result: ComparisonResult) -> Path:

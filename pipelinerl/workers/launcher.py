@@ -22,9 +22,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -42,6 +43,41 @@ LOG_TAIL_LINES = 40
 
 class StageFailed(RuntimeError):
     """A stage process exited before the run was done; the message carries its log tail."""
+
+
+class RunTerminated(BaseException):
+    """SIGTERM reached the launcher (a cancelled flow run, ``kill``): the run stops as killed."""
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In a stage process, before exec: get SIGTERM when the launcher dies, even by SIGKILL (Linux)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def sigterm_stops_the_run() -> Iterator[None]:
+    """Turn SIGTERM into ``RunTerminated`` while a run is supervised (main thread, default handler)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (
+        signal.SIG_DFL,
+        None,
+    ):
+        yield  # an embedding program (Prefect's engine) handles SIGTERM itself
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise RunTerminated(f"signal {signum}: stopping every stage")
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @dataclass
@@ -62,6 +98,7 @@ class Stage:
                 stderr=subprocess.STDOUT,
                 cwd=cwd,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 (only prctl; no locks taken)
             )
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
@@ -364,11 +401,14 @@ def launch(
         (run_dir / "mlflow_run_id").write_text(mlflow_run_id)
     outcome = "failed"
     try:
-        result = _run(config, run_dir, model_path, status, Sinks([on_records] if on_records else [], tracker))
+        with sigterm_stops_the_run():
+            result = _run(
+                config, run_dir, model_path, status, Sinks([on_records] if on_records else [], tracker)
+            )
         outcome = "finished"
         return result
-    except KeyboardInterrupt:
-        outcome = "killed"
+    except BaseException as error:  # Ctrl-C, SIGTERM, a cancelled flow run: killed, not failed
+        outcome = "failed" if isinstance(error, Exception) else "killed"
         raise
     finally:
         if tracker is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -139,3 +141,69 @@ def test_unreachable_tracking_stores_stop_the_run_at_once(tmp_path, random_model
         f"platform database 'postgresql://postgres@127.0.0.1:{port}/none' is not reachable" in database.stdout
     )
     assert list(tmp_path.iterdir()) == [], "nothing started: no run directory"
+
+
+def _processes_of(run_dir) -> list:
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if any(str(run_dir) in part for part in process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+def _start_long_run(tmp_path, random_model_dir, port: int):
+    command = [
+        *PIPELINERL, "run",
+        "--set", f"model.path={random_model_dir}",
+        "--set", f"run.output_dir={tmp_path / 'runs'}",
+        "--set", f"run.home={tmp_path / 'home'}",
+        "--set", "run.max_steps=500",
+        "--set", "rl.batch_size=16",
+        "--set", "task.eval_problems=16",
+        "--set", f"transport.base_port={port}",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        metrics = list((tmp_path / "runs").glob("*/metrics.jsonl"))
+        if metrics and metrics[0].read_text().count("\n") >= 2:
+            return process, metrics[0].parent
+        time.sleep(0.3)
+    process.kill()
+    raise AssertionError(
+        "the run never started training: " + (process.stdout.read() if process.stdout else "")
+    )
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_stage_and_marks_the_run_killed(tmp_path, random_model_dir):
+    from mlflow.tracking import MlflowClient
+
+    from pipelinerl.platform.store import PlatformStore
+
+    process, run_dir = _start_long_run(tmp_path, random_model_dir, 21990)
+    assert len(_processes_of(run_dir)) >= 3, "actor, preprocessor and trainer are running"
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 143, output
+    assert "stopped" in output
+    assert _processes_of(run_dir) == [], "no stage outlives the run"
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'home' / 'mlflow.db'}")
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    assert client.get_run((run_dir / "mlflow_run_id").read_text()).info.status == "KILLED"
+    store_url = os.environ.get("PIPELINERL_DATABASE_URL", f"sqlite:///{tmp_path / 'home' / 'platform.db'}")
+    assert PlatformStore(store_url).get_run(run_dir.name).run.status == "killed"
+
+
+@pytest.mark.slow
+def test_stages_die_with_a_killed_launcher(tmp_path, random_model_dir):
+    process, run_dir = _start_long_run(tmp_path, random_model_dir, 22010)
+    process.kill()  # SIGKILL: no chance to clean up; the stages must still go (parent-death signal)
+    process.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while _processes_of(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _processes_of(run_dir) == [], "orphaned stage processes"

@@ -19,7 +19,14 @@ def test_parameter_form_shows_config_fields_with_descriptions():
     assert run_section["max_steps"]["minimum"] == 1
     rl_section = definitions["RLConfig"]["properties"]
     assert rl_section["group_size"]["description"].startswith("Samples per prompt")
-    assert set(definitions["PipelineConfig"]["properties"]) >= {"run", "model", "actor", "rl", "trainer", "tracking"}
+    assert set(definitions["PipelineConfig"]["properties"]) >= {
+        "run",
+        "model",
+        "actor",
+        "rl",
+        "trainer",
+        "tracking",
+    }
     for section in ("RunConfig", "ActorConfig", "RLConfig", "TrainerConfig", "TrackingConfig"):
         for name, field in definitions[section]["properties"].items():
             assert field.get("description"), f"{section}.{name} has no description"
@@ -77,3 +84,40 @@ def test_rl_run_flow_runs_the_pipeline(tmp_path, random_model_dir):
     client = MlflowClient(tracking_uri=mlflow_uri(config))
     mlflow_run = client.get_run((run_dir / "mlflow_run_id").read_text())
     assert mlflow_run.data.tags["prefect_flow_run_id"] == str(flow_run_id)
+
+
+@pytest.mark.slow
+def test_two_point_sweep_makes_two_child_runs_under_one_parent(tmp_path, random_model_dir):
+    from mlflow.tracking import MlflowClient
+    from prefect.testing.utilities import prefect_test_harness
+
+    from pipelinerl.flows.sweep import sweep
+    from pipelinerl.platform.tracking import mlflow_uri
+
+    config = load_config(
+        None,
+        [
+            f"model.path={random_model_dir}",
+            f"run.output_dir={tmp_path / 'runs'}",
+            f"run.home={tmp_path / 'home'}",
+            "run.max_steps=2",
+            "rl.batch_size=16",
+            "actor.max_in_flight=16",
+            "task.eval_problems=8",
+            "transport.base_port=22600",
+        ],
+    )
+    with prefect_test_harness(server_startup_timeout=120):
+        rows = sweep(config=config, grid={"trainer.learning_rate": [1e-5, 1e-4]})
+    assert [row["point"] for row in rows] == ["learning_rate=1e-05", "learning_rate=0.0001"]
+    client = MlflowClient(tracking_uri=mlflow_uri(config))
+    experiment = client.get_experiment_by_name(config.run.name)
+    parents = client.search_runs([experiment.experiment_id], filter_string="tags.kind = 'sweep'")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = client.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'"
+    )
+    assert sorted(child.data.params["trainer.learning_rate"] for child in children) == ["0.0001", "1e-05"]
+    assert all(child.info.status == "FINISHED" for child in children)
+    artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id, "figures")}
+    assert "figures/sweep.png" in artifacts

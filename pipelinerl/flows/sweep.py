@@ -1,0 +1,47 @@
+"""The ``sweep`` flow: a grid (or list) of config overrides, each a child run under one parent run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+from prefect.runtime import flow_run
+
+from pipelinerl.platform.config import PipelineConfig
+
+
+@flow(name="sweep", log_prints=True)
+def sweep(
+    config: PipelineConfig = PipelineConfig(),  # noqa: B008 (the form's default)
+    grid: dict[str, list[Any]] | None = None,
+    points: list[dict[str, Any]] | None = None,
+    max_concurrency: int = 1,
+) -> list[dict[str, Any]]:
+    """Each combination of ``grid`` (``{"rl.batch_size": [16, 32]}``), or each of ``points``, is a run."""
+    from pipelinerl.platform.config import ConfigError
+    from pipelinerl.workers.sweep import expand_grid, run_sweep
+
+    if (grid is None) == (points is None):
+        raise ConfigError("give exactly one of grid (values per setting) or points (a list of overrides)")
+    overrides = expand_grid(grid) if grid is not None else list(points or [])
+    logger = get_run_logger()
+    result = run_sweep(
+        config,
+        overrides,
+        max_concurrency=max_concurrency,
+        on_status=lambda text: logger.info("%s", text),
+        prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
+    )
+    rows = [
+        {
+            "point": point.label,
+            "run": result.results[point.label].summary["run_id"],
+            "held-out success": round(result.results[point.label].summary["eval_success_end"], 4),
+            "ESS mean": round(result.results[point.label].summary["ess_mean"], 4),
+            "lag max": result.results[point.label].summary["lag_max"],
+        }
+        for point in result.points
+    ]
+    create_table_artifact(key="sweep-table", table=rows, description=f"Sweep {result.sweep_id}")
+    return rows
