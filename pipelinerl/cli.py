@@ -157,5 +157,104 @@ def warmstart(config: ConfigOption = None, set_: SetOption = None) -> None:
 app.add_typer(db_app, name="db", help="Migrate the platform database (Alembic): upgrade, downgrade, current.")
 app.add_typer(runs_app, name="runs", help="Runs recorded in the platform database: list, show.")
 
+
+HomeOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--home", help="Platform home (default: run.home, ~/.pipelinerl); the stack lives in HOME/stack."
+    ),
+]
+
+
+def _home(home: Path | None) -> Path:
+    if home is not None:
+        return home
+    from pipelinerl.platform.config import RunConfig
+
+    return RunConfig().home
+
+
+@app.command()
+def up(
+    home: HomeOption = None,
+    prefect_port: Annotated[
+        int, typer.Option("--prefect-port", min=1, max=65535, help="Port of the Prefect server and UI.")
+    ] = 4200,
+    mlflow_port: Annotated[
+        int, typer.Option("--mlflow-port", min=1, max=65535, help="Port of the MLflow server and UI.")
+    ] = 5000,
+) -> None:
+    """Start the platform in the background: Prefect server, MLflow server, workers, deployments."""
+    from pipelinerl.flows.stack import StackError
+    from pipelinerl.flows.stack import up as stack_up
+
+    try:
+        with console.status("starting the stack") as spinner:
+            state = stack_up(
+                _home(home), prefect_port, mlflow_port, on_status=lambda text: spinner.update(text)
+            )
+    except StackError as error:
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+        raise typer.Exit(1) from None
+    console.print(f"Prefect UI: {state.prefect_ui_url}", highlight=False)
+    console.print(f"MLflow UI:  {state.mlflow_url}", highlight=False)
+    console.print(
+        f"deployments: {', '.join(state.deployments) or '(none)'} on work pool {state.launch_pool!r}; "
+        f"logs in {state.home / 'stack' / 'logs'}; stop with `pipelinerl down"
+        + (f" --home {home}`" if home is not None else "`"),
+        soft_wrap=True,
+        highlight=False,
+    )
+
+
+@app.command()
+def down(home: HomeOption = None) -> None:
+    """Stop the stack that `pipelinerl up` started in this home."""
+    from pipelinerl.flows.stack import StackError
+    from pipelinerl.flows.stack import down as stack_down
+
+    resolved = _home(home)
+    try:
+        with console.status("stopping the stack"):
+            state = stack_down(resolved)
+    except StackError as error:
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+        raise typer.Exit(1) from None
+    if state is None:
+        console.print(f"no stack is running in {resolved.expanduser()}", highlight=False)
+        return
+    console.print(f"stopped {len(state.processes)} processes of the stack in {state.home}", highlight=False)
+
+
+@app.command()
+def deploy(
+    api_url: Annotated[
+        str | None,
+        typer.Option(
+            "--api-url", help="Prefect API, e.g. http://127.0.0.1:4200/api (default: PREFECT_API_URL)."
+        ),
+    ] = None,
+    work_pool: Annotated[
+        str, typer.Option("--work-pool", help="Process work pool that runs the flows.")
+    ] = "local",
+) -> None:
+    """Register the rl-run, compare and sweep deployments (the sweep's nightly schedule disabled)."""
+    from pipelinerl.flows.deploy import DeployError, available_deployments
+    from pipelinerl.flows.deploy import deploy as register
+
+    _, missing = available_deployments()
+    try:
+        ids = register(api_url, work_pool=work_pool)
+    except DeployError as error:
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+        raise typer.Exit(1) from None
+    for name, deployment_id in ids.items():
+        console.print(f"{name}: {deployment_id}", highlight=False)
+    for spec in missing:
+        console.print(
+            f"[yellow]skipped[/yellow] {spec.full_name}: {spec.path} does not exist", highlight=False
+        )
+
+
 if __name__ == "__main__":
     app()

@@ -432,8 +432,12 @@ def _run(
         for stage in stages:
             stage.start(cwd=Path.cwd())
         records, peak_rss = supervise(stages, run_dir, RecordTails(run_dir, config.actor.num_actors), sinks)
-    finally:
-        stop_stages(stages)
+    except BaseException:
+        # A failed stage, SIGTERM or a cancelled flow run: nobody will send Shutdown, so stop the
+        # stages now (a canceller such as Prefect's worker SIGKILLs us 30 s later).
+        stop_stages(stages, grace_s=0)
+        raise
+    stop_stages(stages)  # the trainer sent Shutdown: let the others exit on their own
     run_wall_s = time.time() - started
     status("measuring held-out success of the final policy")
     eval_end = held_out_success(config, run_dir / "final")

@@ -1,0 +1,593 @@
+"""The local platform stack: a Prefect server, an MLflow server and process workers, in the background.
+
+``up(home)`` starts, on 127.0.0.1 and each in its own process group with its log under
+``<home>/stack/logs/``:
+
+* a Prefect server (``prefect server start``; its database in ``<home>/prefect``);
+* an MLflow server on the platform's store (``sqlite:///<home>/mlflow.db``, artifacts in
+  ``<home>/mlartifacts``), after ``mlflow db upgrade`` has created or migrated that store once
+  (two processes first touching a fresh store race on its schema; ENVIRONMENT.md);
+* one process worker per work pool: ``actors``, ``trainers`` and the launch pool (``local``),
+  with ``MLFLOW_TRACKING_URI`` set to the MLflow server, so flow runs track there;
+
+waits until each answers (``/api/health``, ``/health``, the worker's heartbeat), registers the
+deployments (``flows/deploy.py``) and writes ``<home>/stack/state.json``. ``down(home)`` stops
+exactly the processes that file lists (workers with SIGINT, servers with SIGTERM to their group,
+SIGKILL for what is left) and removes it.
+
+The state file model and the command lines are pure (``StackState``, ``*_command``, ``stack_env``);
+the functions below the marked line do the process I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from pipelinerl.flows.deploy import LAUNCH_POOL, REPO_ROOT, STAGE_POOLS
+
+HOST = "127.0.0.1"
+DEFAULT_PREFECT_PORT = 4200
+DEFAULT_MLFLOW_PORT = 5000
+STARTUP_TIMEOUT_S = 180.0  # per service; a loaded 2-core machine needs far more than the usual 10 s
+DEPLOY_TIMEOUT_S = 300.0
+STOP_GRACE_S = 20.0
+LOG_TAIL_LINES = 30
+
+Role = Literal["prefect-server", "mlflow-server", "worker"]
+
+
+class StackError(RuntimeError):
+    """The stack cannot be started or stopped; the message is meant for the user as is."""
+
+
+class StackProcess(BaseModel):
+    name: str = Field(description="prefect-server, mlflow-server or worker-<pool>.")
+    role: Role
+    pid: int
+    pgid: int = Field(description="Its process group (the process leads a new session).")
+    create_time: float = Field(description="psutil create time: tells the process from a reused pid.")
+    stop_signal: Literal["SIGINT", "SIGTERM"]
+    command: list[str]
+    log: Path
+
+
+class StackState(BaseModel):
+    home: Path
+    prefect_port: int
+    mlflow_port: int
+    prefect_api_url: str
+    prefect_ui_url: str
+    mlflow_url: str
+    mlflow_store_uri: str
+    artifacts_dir: Path
+    launch_pool: str
+    work_pools: list[str]
+    deployments: dict[str, str] = Field(default_factory=dict)
+    processes: list[StackProcess] = Field(default_factory=list)
+    started_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    ready: bool = Field(False, description="False while `up` is still starting it.")
+
+
+# ----- pure parts: paths, URLs, command lines, environments -----
+
+
+def stack_dir(home: Path) -> Path:
+    return home / "stack"
+
+
+def state_path(home: Path) -> Path:
+    return stack_dir(home) / "state.json"
+
+
+def logs_dir(home: Path) -> Path:
+    return stack_dir(home) / "logs"
+
+
+def default_store_uri(home: Path) -> str:
+    """The platform's default MLflow store (``tracking.mlflow_uri`` unset): SQLite in the home."""
+    return f"sqlite:///{home / 'mlflow.db'}"
+
+
+def prefect_api_url(port: int) -> str:
+    return f"http://{HOST}:{port}/api"
+
+
+def prefect_ui_url(port: int) -> str:
+    return f"http://{HOST}:{port}"
+
+
+def mlflow_url(port: int) -> str:
+    return f"http://{HOST}:{port}"
+
+
+def tool(name: str) -> str:
+    """A console script of this environment (``prefect``, ``mlflow``), next to the interpreter."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else name
+
+
+def prefect_server_command(port: int) -> list[str]:
+    return [tool("prefect"), "server", "start", "--host", HOST, "--port", str(port)]
+
+
+def mlflow_upgrade_command(store_uri: str) -> list[str]:
+    return [tool("mlflow"), "db", "upgrade", store_uri]
+
+
+def mlflow_server_command(store_uri: str, artifacts_dir: Path, port: int) -> list[str]:
+    return [
+        tool("mlflow"),
+        "server",
+        "--backend-store-uri",
+        store_uri,
+        "--artifacts-destination",
+        str(artifacts_dir),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+
+
+def worker_name(pool: str) -> str:
+    return f"{pool}-worker"
+
+
+def worker_command(pool: str) -> list[str]:
+    return [
+        tool("prefect"),
+        "worker",
+        "start",
+        "--pool",
+        pool,
+        "--type",
+        "process",
+        "--name",
+        worker_name(pool),
+    ]
+
+
+def deploy_command(api_url: str, pool: str) -> list[str]:
+    return [sys.executable, "-m", "pipelinerl.flows.deploy", "--api-url", api_url, "--work-pool", pool]
+
+
+def stack_env(
+    base: Mapping[str, str], home: Path, prefect_port: int, mlflow_port: int, role: Role
+) -> dict[str, str]:
+    """The environment of one stack process: its Prefect home and API, and for workers (hence the
+    flow runs they start) the stack's MLflow server and the platform database in the home."""
+    env = dict(base)
+    env.update(
+        PREFECT_HOME=str(home / "prefect"),
+        PREFECT_API_URL=prefect_api_url(prefect_port),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PYTHONUNBUFFERED="1",
+    )
+    if role == "mlflow-server":
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+        env.pop("MLFLOW_TRACKING_URI", None)
+    elif role == "worker":
+        env["MLFLOW_TRACKING_URI"] = mlflow_url(mlflow_port)
+        env.setdefault("PIPELINERL_DATABASE_URL", f"sqlite:///{home / 'platform.db'}")
+    return env
+
+
+def new_state(
+    home: Path, prefect_port: int, mlflow_port: int, store_uri: str, launch_pool: str
+) -> StackState:
+    return StackState(
+        home=home,
+        prefect_port=prefect_port,
+        mlflow_port=mlflow_port,
+        prefect_api_url=prefect_api_url(prefect_port),
+        prefect_ui_url=prefect_ui_url(prefect_port),
+        mlflow_url=mlflow_url(mlflow_port),
+        mlflow_store_uri=store_uri,
+        artifacts_dir=home / "mlartifacts",
+        launch_pool=launch_pool,
+        work_pools=list(dict.fromkeys([*STAGE_POOLS, launch_pool])),
+    )
+
+
+def stop_order(processes: Iterable[StackProcess]) -> list[list[StackProcess]]:
+    """Workers first (they talk to the servers while they stop), then the servers."""
+    processes = list(processes)
+    return [[p for p in processes if p.role == "worker"], [p for p in processes if p.role != "worker"]]
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    if not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+# ----- process I/O -----
+
+# Popen objects of the processes this interpreter started: kept so that ``down`` in the same
+# interpreter (tests) reaps them instead of leaving zombies, and so that no "still running"
+# ResourceWarning fires when ``up`` returns.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def read_state(home: Path) -> StackState | None:
+    path = state_path(home)
+    if not path.exists():
+        return None
+    try:
+        return StackState.model_validate_json(path.read_text())
+    except ValueError as error:
+        raise StackError(
+            f"{path} is not a stack state file ({error.__class__.__name__}); remove it"
+        ) from None
+
+
+def write_state(state: StackState) -> None:
+    path = state_path(state.home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(state.model_dump_json(indent=2))
+    tmp.replace(path)
+
+
+def is_alive(proc: StackProcess) -> bool:
+    """The recorded process still runs (same pid and start time; a zombie counts as gone)."""
+    import psutil
+
+    _reap(proc.pid)
+    try:
+        process = psutil.Process(proc.pid)
+        return (
+            abs(process.create_time() - proc.create_time) < 0.5 and process.status() != psutil.STATUS_ZOMBIE
+        )
+    except psutil.Error:
+        return False
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid``."""
+    import psutil
+
+    members = []
+    for process in psutil.process_iter(["pid", "status"]):
+        try:
+            if process.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(process.pid) == pgid:
+                members.append(process.pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def _reap(pid: int) -> None:
+    child = _CHILDREN.get(pid)
+    if child is not None and child.poll() is not None:
+        _CHILDREN.pop(pid, None)
+
+
+def check_port_free(port: int, what: str, option: str) -> None:
+    """Fail at once, naming the port, if something listens on ``127.0.0.1:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((HOST, port))
+        except OSError as error:
+            raise StackError(
+                f"port {port} on {HOST} ({what}) is in use ({error.strerror}); choose another with {option}"
+            ) from None
+
+
+def _http_ok(url: str, timeout_s: float = 3.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return 200 <= response.status < 300
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def prefect_healthy(api_url: str) -> bool:
+    return _http_ok(f"{api_url}/health")
+
+
+def mlflow_healthy(url: str) -> bool:
+    return _http_ok(f"{url}/health")
+
+
+def worker_online(api_url: str, pool: str, name: str) -> bool:
+    """The worker ``name`` has sent its heartbeat to ``pool`` (status ONLINE)."""
+    request = urllib.request.Request(
+        f"{api_url}/work_pools/{pool}/workers/filter",
+        data=b"{}",
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            workers = json.loads(response.read())
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+    return any(w.get("name") == name and w.get("status") == "ONLINE" for w in workers)
+
+
+def start_process(
+    name: str, role: Role, command: list[str], env: Mapping[str, str], log: Path, stop_signal: str
+) -> StackProcess:
+    import psutil
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as handle:
+        handle.write(f"\n=== {datetime.now(UTC).isoformat()} {' '.join(command)}\n".encode())
+        handle.flush()
+        process = subprocess.Popen(
+            command,
+            env=dict(env),
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own session and process group: `down` signals the group
+        )
+    _CHILDREN[process.pid] = process
+    try:
+        create_time = psutil.Process(process.pid).create_time()
+    except psutil.Error:
+        create_time = 0.0
+    return StackProcess(
+        name=name,
+        role=role,
+        pid=process.pid,
+        pgid=process.pid,
+        create_time=create_time,
+        stop_signal=stop_signal,  # type: ignore[arg-type]
+        command=command,
+        log=log,
+    )
+
+
+def wait_until(
+    checks: Mapping[str, tuple[Callable[[], bool], StackProcess]], timeout_s: float, poll_s: float = 0.5
+) -> None:
+    """Poll every check until all pass; fail with the log tail of a process that died or timed out."""
+    pending = dict(checks)
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        for what, (check, proc) in list(pending.items()):
+            if check():
+                del pending[what]
+                continue
+            if not is_alive(proc):
+                child = _CHILDREN.get(proc.pid)
+                code = child.returncode if child is not None else None
+                raise StackError(
+                    f"{what} exited (code {code}) while starting; last lines of {proc.log}:\n"
+                    f"{log_tail(proc.log)}"
+                )
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            what, (_, proc) = next(iter(pending.items()))
+            raise StackError(
+                f"{what} did not become ready in {timeout_s:.0f} s; last lines of {proc.log}:\n"
+                f"{log_tail(proc.log)}"
+            )
+        time.sleep(poll_s)
+
+
+def running_state(home: Path) -> StackState | None:
+    """The state of a stack that still has a live process in ``home``; a stale file is removed."""
+    state = read_state(home)
+    if state is None:
+        return None
+    if any(is_alive(p) or group_members(p.pgid) for p in state.processes):
+        return state
+    state_path(home).unlink(missing_ok=True)
+    return None
+
+
+def _run_step(command: list[str], env: Mapping[str, str], log: Path, what: str, timeout_s: float) -> str:
+    """Run a one-off command to completion, appending its output to ``log``; return its stdout."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        done = subprocess.run(
+            command,
+            env=dict(env),
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout_s,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired:
+        raise StackError(f"{what} did not finish in {timeout_s:.0f} s") from None
+    with log.open("ab") as handle:
+        handle.write(f"\n=== {datetime.now(UTC).isoformat()} {' '.join(command)}\n".encode())
+        handle.write(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise StackError(f"{what} failed (code {done.returncode}); last lines of {log}:\n{log_tail(log)}")
+    return done.stdout.decode(errors="replace")
+
+
+def up(
+    home: Path,
+    prefect_port: int = DEFAULT_PREFECT_PORT,
+    mlflow_port: int = DEFAULT_MLFLOW_PORT,
+    *,
+    launch_pool: str = LAUNCH_POOL,
+    mlflow_store_uri: str | None = None,
+    timeout_s: float = STARTUP_TIMEOUT_S,
+    on_status: Callable[[str], None] | None = None,
+) -> StackState:
+    """Start the stack in the background and return its state (see the module docstring).
+
+    Raises ``StackError`` if a stack already runs in ``home``, if a port is taken, or if a service
+    does not come up (then everything started so far is stopped again).
+    """
+    status = on_status or (lambda text: None)
+    home = home.expanduser().resolve()
+    running = running_state(home)
+    if running is not None:
+        raise StackError(
+            f"a stack is already running in {home} (Prefect UI {running.prefect_ui_url}, MLflow UI "
+            f"{running.mlflow_url}); stop it with `pipelinerl down --home {home}`"
+        )
+    if prefect_port == mlflow_port:
+        raise StackError(f"the Prefect and MLflow servers cannot share port {prefect_port}")
+    check_port_free(prefect_port, "Prefect server", "--prefect-port")
+    check_port_free(mlflow_port, "MLflow server", "--mlflow-port")
+
+    store_uri = mlflow_store_uri or default_store_uri(home)
+    state = new_state(home, prefect_port, mlflow_port, store_uri, launch_pool)
+    state.artifacts_dir.mkdir(parents=True, exist_ok=True)
+    logs = logs_dir(home)
+    base = dict(os.environ)
+
+    def env(role: Role) -> dict[str, str]:
+        return stack_env(base, home, prefect_port, mlflow_port, role)
+
+    def started(proc: StackProcess) -> StackProcess:
+        state.processes.append(proc)
+        write_state(state)  # at once: an interrupted `up` can still be stopped with `down`
+        return proc
+
+    try:
+        status("starting the Prefect server")
+        prefect = started(
+            start_process(
+                "prefect-server",
+                "prefect-server",
+                prefect_server_command(prefect_port),
+                env("prefect-server"),
+                logs / "prefect-server.log",
+                "SIGTERM",
+            )
+        )
+        status("creating or upgrading the MLflow store")
+        _run_step(
+            mlflow_upgrade_command(store_uri),
+            env("mlflow-server"),
+            logs / "mlflow-server.log",
+            f"mlflow db upgrade {store_uri}",
+            timeout_s,
+        )
+        status("starting the MLflow server")
+        mlflow = started(
+            start_process(
+                "mlflow-server",
+                "mlflow-server",
+                mlflow_server_command(store_uri, state.artifacts_dir, mlflow_port),
+                env("mlflow-server"),
+                logs / "mlflow-server.log",
+                "SIGTERM",
+            )
+        )
+        status("waiting for the Prefect server")
+        wait_until(
+            {"the Prefect server": (lambda: prefect_healthy(state.prefect_api_url), prefect)}, timeout_s
+        )
+        status("creating the work pools and registering the deployments")
+        output = _run_step(
+            deploy_command(state.prefect_api_url, launch_pool),
+            env("worker"),
+            logs / "deploy.log",
+            "registering the deployments",
+            DEPLOY_TIMEOUT_S,
+        )
+        state.deployments = _last_json_line(output)
+        write_state(state)
+        status("starting the workers")
+        workers = [
+            started(
+                start_process(
+                    f"worker-{pool}",
+                    "worker",
+                    worker_command(pool),
+                    env("worker"),
+                    logs / f"worker-{pool}.log",
+                    "SIGINT",
+                )
+            )
+            for pool in state.work_pools
+        ]
+        status("waiting for the MLflow server and the workers")
+        checks = {"the MLflow server": (lambda: mlflow_healthy(state.mlflow_url), mlflow)}
+        for pool, proc in zip(state.work_pools, workers, strict=True):
+            checks[f"the worker of pool {pool!r}"] = (
+                lambda pool=pool: worker_online(state.prefect_api_url, pool, worker_name(pool)),
+                proc,
+            )
+        wait_until(checks, timeout_s)
+    except BaseException:
+        stop_processes(state.processes)
+        state_path(home).unlink(missing_ok=True)
+        raise
+    state.ready = True
+    write_state(state)
+    return state
+
+
+def _last_json_line(output: str) -> dict[str, str]:
+    for line in reversed(output.strip().splitlines()):
+        with contextlib.suppress(ValueError):
+            value = json.loads(line)
+            if isinstance(value, dict):
+                return {str(k): str(v) for k, v in value.items()}
+    raise StackError(f"registering the deployments printed no result: {output[-500:]!r}")
+
+
+def _signal_group(proc: StackProcess, signum: int) -> None:
+    """Signal the recorded group, if its leader is still the recorded process or members remain."""
+    if is_alive(proc) or group_members(proc.pgid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pgid, signum)
+
+
+def _wait_gone(processes: list[StackProcess], timeout_s: float) -> list[StackProcess]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [p for p in processes if is_alive(p) or group_members(p.pgid)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def stop_processes(processes: Iterable[StackProcess], grace_s: float = STOP_GRACE_S) -> list[str]:
+    """Stop the given processes (workers, then servers) and their groups; return the names that
+    needed SIGKILL."""
+    killed: list[str] = []
+    for batch in stop_order(processes):
+        for proc in batch:
+            _signal_group(proc, getattr(signal, proc.stop_signal))
+        for proc in _wait_gone(batch, grace_s):
+            killed.append(proc.name)
+            _signal_group(proc, signal.SIGKILL)
+        _wait_gone(batch, 10.0)
+    return killed
+
+
+def down(home: Path, grace_s: float = STOP_GRACE_S) -> StackState | None:
+    """Stop what ``<home>/stack/state.json`` lists and remove the file; ``None`` if there was none."""
+    home = home.expanduser().resolve()
+    state = read_state(home)
+    if state is None:
+        return None
+    stop_processes(state.processes, grace_s)
+    left = [p.name for p in state.processes if is_alive(p) or group_members(p.pgid)]
+    if left:
+        raise StackError(f"could not stop {', '.join(left)} (state kept in {state_path(home)})")
+    state_path(home).unlink(missing_ok=True)
+    return state

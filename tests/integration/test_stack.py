@@ -1,0 +1,300 @@
+"""The local stack (``pipelinerl up`` / ``down``): real Prefect and MLflow servers, process workers,
+the registered deployments, a run submitted through the Prefect API, and its cancellation.
+
+One stack is started for the module in a temporary home on free ports (below the ephemeral range);
+the tests run in order and the last one stops it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import psutil
+import pytest
+
+from pipelinerl.flows.stack import StackError, down, group_members, read_state, state_path, up
+from pipelinerl.platform.config import load_config
+
+pytestmark = pytest.mark.slow
+
+T = TypeVar("T")
+RUN_TIMEOUT_S = 300.0
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(low: int, high: int, count: int = 1, taken: set[int] | None = None) -> int:
+    """The first of ``count`` consecutive free ports in [low, high) (below the ephemeral range)."""
+    taken = taken or set()
+    candidates = list(range(low, high - count))
+    random.shuffle(candidates)
+    for first in candidates:
+        block = range(first, first + count)
+        if not taken.intersection(block) and all(port_is_free(p) for p in block):
+            taken.update(block)
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports in {low}-{high}")
+
+
+_TAKEN: set[int] = set()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    home = tmp_path_factory.mktemp("stack-home")
+    prefect_port = free_ports(23000, 24000, taken=_TAKEN)
+    mlflow_port = free_ports(23000, 24000, taken=_TAKEN)
+    started = time.monotonic()
+    state = up(home, prefect_port, mlflow_port)
+    print(f"stack up in {time.monotonic() - started:.1f} s")
+    yield state
+    if state_path(state.home).exists():  # a test failed before test_down_stops_everything
+        down(state.home)
+
+
+def prefect(state, work: Callable[[Any], Awaitable[T]]) -> T:
+    """Run ``work(client)`` with a Prefect client of the stack's API."""
+    from prefect.client.orchestration import PrefectClient
+
+    async def main() -> T:
+        async with PrefectClient(state.prefect_api_url) as client:
+            return await work(client)
+
+    return anyio.run(main)
+
+
+def small_config(random_model_dir: Path, tmp_path: Path, max_steps: int) -> dict[str, Any]:
+    base_port = free_ports(24000, 25000, count=8, taken=_TAKEN)
+    config = load_config(
+        None,
+        [
+            f"model.path={random_model_dir}",
+            f"run.output_dir={tmp_path / 'runs'}",
+            f"run.home={tmp_path / 'home'}",
+            "run.name=stack-test",
+            f"run.max_steps={max_steps}",
+            "rl.batch_size=16",
+            "actor.max_in_flight=16",
+            "task.eval_problems=16",
+            "tracking.flush_interval_s=0.5",
+            f"transport.base_port={base_port}",
+        ],
+    )
+    return config.model_dump(mode="json")
+
+
+def submit(state, parameters: dict[str, Any]) -> str:
+    from prefect.deployments import run_deployment
+
+    async def work(client):
+        flow_run = await run_deployment(
+            "rl-run/default", client=client, parameters=parameters, timeout=0, as_subflow=False
+        )
+        return str(flow_run.id)
+
+    return prefect(state, work)
+
+
+def read_flow_run(state, flow_run_id: str):
+    return prefect(state, lambda client: client.read_flow_run(flow_run_id))
+
+
+def wait_for_final_state(state, flow_run_id: str, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        flow_run = read_flow_run(state, flow_run_id)
+        if flow_run.state is not None and flow_run.state.is_final():
+            return flow_run
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"flow run {flow_run_id} still {flow_run.state_name} after {timeout_s:.0f} s; worker log:\n"
+                + worker_log(state)
+            )
+        time.sleep(2)
+
+
+def worker_log(state) -> str:
+    log = state.home / "stack" / "logs" / f"worker-{state.launch_pool}.log"
+    return "\n".join(log.read_text(errors="replace").splitlines()[-60:]) if log.exists() else "(no log)"
+
+
+def flow_run_logs(state, flow_run_id: str, lines: int = 40) -> str:
+    """The flow run's last log lines in Prefect (its own and its stages'), for failure messages."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    async def work(client):
+        return await client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200
+        )
+
+    logs = prefect(state, work)
+    return "\n".join(f"{log.timestamp:%H:%M:%S.%f} {log.name}: {log.message}" for log in logs[-lines:])
+
+
+def mlflow_runs_of(state, flow_run_id: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=state.mlflow_url)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return client.search_runs(experiments, filter_string=f"tags.prefect_flow_run_id = '{flow_run_id}'")
+
+
+def processes_mentioning(text: str) -> list[tuple[int, str]]:
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            cmdline = " ".join(process.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if text in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append((process.info["pid"], cmdline[:200]))
+    return found
+
+
+def test_up_serves_prefect_mlflow_and_the_deployments(stack):
+    with urllib.request.urlopen(f"{stack.prefect_api_url}/health", timeout=10) as response:
+        assert json.loads(response.read()) is True
+    with urllib.request.urlopen(f"{stack.mlflow_url}/health", timeout=10) as response:
+        assert response.read().decode().strip() == "OK"
+    with urllib.request.urlopen(stack.prefect_ui_url, timeout=10) as response:
+        assert response.status == 200, "the Prefect UI is served"
+    saved = read_state(stack.home)
+    assert saved is not None and saved.ready
+    assert {p.name for p in saved.processes} == {
+        "prefect-server",
+        "mlflow-server",
+        "worker-actors",
+        "worker-trainers",
+        "worker-local",
+    }
+    assert saved.mlflow_store_uri == f"sqlite:///{stack.home / 'mlflow.db'}"
+    assert (stack.home / "mlflow.db").exists()
+
+    async def read(client):
+        deployments = {
+            name: await client.read_deployment_by_name(name)
+            for name in ("rl-run/default", "compare/default", "sweep/default")
+        }
+        pools = {name: await client.read_work_pool(name) for name in ("actors", "trainers", "local")}
+        workers = {name: await client.read_workers_for_work_pool(name) for name in pools}
+        return deployments, pools, workers
+
+    deployments, pools, workers = prefect(stack, read)
+    assert {name: str(d.id) for name, d in deployments.items()} == stack.deployments
+    assert all(d.work_pool_name == "local" for d in deployments.values())
+    assert deployments["rl-run/default"].entrypoint == "pipelinerl/flows/rl_run.py:rl_run"
+    assert "config" in deployments["rl-run/default"].parameter_openapi_schema["properties"]
+    assert all(pool.type == "process" for pool in pools.values())
+    assert all(any(w.status == "ONLINE" for w in found) for found in workers.values()), workers
+    assert not deployments["rl-run/default"].schedules
+    (schedule,) = deployments["sweep/default"].schedules
+    assert schedule.active is False, "the nightly sweep is created disabled"
+    assert schedule.schedule.cron == "0 3 * * *"
+    assert schedule.parameters["grid"] == {"actor.max_in_flight": [16, 32, 64]}
+
+
+def test_a_second_up_refuses(stack):
+    with pytest.raises(StackError, match="already running"):
+        up(stack.home, stack.prefect_port + 1, stack.mlflow_port + 1)
+    assert read_state(stack.home) == stack, "the running stack's state is untouched"
+
+
+def test_a_taken_port_fails_at_once_naming_it(tmp_path):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(StackError, match=f"port {port} .*Prefect server.*--prefect-port"):
+            up(tmp_path, port, free_ports(23000, 24000, taken=_TAKEN))
+        assert time.monotonic() - started < 5
+    assert not state_path(tmp_path).exists()
+
+
+def test_rl_run_deployment_completes_and_tracks_to_the_stack(stack, random_model_dir, tmp_path):
+    flow_run_id = submit(stack, {"config": small_config(random_model_dir, tmp_path, max_steps=3)})
+    started = time.monotonic()
+    flow_run = wait_for_final_state(stack, flow_run_id, RUN_TIMEOUT_S)
+    print(f"rl-run flow run finished in {time.monotonic() - started:.1f} s")
+    assert flow_run.state.is_completed(), f"{flow_run.state}\n{worker_log(stack)}"
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 3
+    (mlflow_run,) = mlflow_runs_of(stack, flow_run_id)
+    assert mlflow_run.info.status == "FINISHED"
+    assert mlflow_run.info.run_id == (run_dir / "mlflow_run_id").read_text()
+    assert mlflow_run.data.params["run.max_steps"] == "3"
+
+
+def test_cancelling_a_flow_run_stops_every_stage(stack, random_model_dir, tmp_path):
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelling
+
+    flow_run_id = submit(stack, {"config": small_config(random_model_dir, tmp_path, max_steps=200)})
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    runs = tmp_path / "runs"
+    while not (runs.is_dir() and any(runs.glob("*/metrics.jsonl"))):
+        flow_run = read_flow_run(stack, flow_run_id)
+        assert not flow_run.state.is_final(), f"{flow_run.state}\n{worker_log(stack)}"
+        assert time.monotonic() < deadline, "the run never started training"
+        time.sleep(1)
+    (run_dir,) = runs.iterdir()
+    assert processes_mentioning(str(run_dir)), "the stages run"
+
+    result = prefect(
+        stack,
+        lambda client: client.set_flow_run_state(flow_run_id, Cancelling(message="cancelled by the test")),
+    )
+    assert result.status.value == "ACCEPT", result
+    cancelled_at = time.monotonic()
+    flow_run = wait_for_final_state(stack, flow_run_id, 120)
+    print(f"flow run {flow_run.state_name} {time.monotonic() - cancelled_at:.1f} s after the cancel")
+    assert flow_run.state.type == StateType.CANCELLED, f"{flow_run.state}\n{worker_log(stack)}"
+
+    deadline = time.monotonic() + 60
+    while processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not processes_mentioning(str(run_dir)), "a stage outlived the cancelled flow run"
+    print(f"no stage left {time.monotonic() - cancelled_at:.1f} s after the cancel")
+
+    deadline = time.monotonic() + 60
+    while True:
+        (mlflow_run,) = mlflow_runs_of(stack, flow_run_id)
+        if mlflow_run.info.status != "RUNNING" or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert mlflow_run.info.status == "KILLED", (
+        f"{mlflow_run.info}\nflow run logs:\n{flow_run_logs(stack, flow_run_id)}\n"
+        f"worker log:\n{worker_log(stack)}"
+    )
+
+
+def test_down_stops_everything(stack):
+    saved = read_state(stack.home)
+    assert saved is not None
+    started = time.monotonic()
+    stopped = down(stack.home)
+    print(f"stack down in {time.monotonic() - started:.1f} s")
+    assert stopped is not None
+    assert not state_path(stack.home).exists()
+    for proc in saved.processes:
+        assert not psutil.pid_exists(proc.pid), f"{proc.name} (pid {proc.pid}) is still there"
+        assert group_members(proc.pgid) == [], f"{proc.name}'s process group still has members"
+    assert port_is_free(stack.prefect_port) and port_is_free(stack.mlflow_port)
+    assert down(stack.home) is None, "a second down finds nothing to stop"
