@@ -46,7 +46,7 @@ def test_pipeline_against_conventional(tmp_path, random_model_dir):
 
     client = MlflowClient(tracking_uri=mlflow_uri(config))
     parent = client.get_run(result.mlflow_run_id)
-    assert parent.info.status == "FINISHED" and parent.data.tags["kind"] == "comparison"
+    assert parent.info.status == "FINISHED" and parent.data.tags["kind"] == "compare"
     children = client.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{result.mlflow_run_id}'"
     )

@@ -172,7 +172,7 @@ def test_up_serves_prefect_mlflow_and_the_deployments(stack):
         assert json.loads(response.read()) is True
     with urllib.request.urlopen(f"{stack.mlflow_url}/health", timeout=10) as response:
         assert response.read().decode().strip() == "OK"
-    with urllib.request.urlopen(stack.prefect_ui_url, timeout=10) as response:
+    with urllib.request.urlopen(stack.prefect_ui_url, timeout=60) as response:
         assert response.status == 200, "the Prefect UI is served"
     saved = read_state(stack.home)
     assert saved is not None and saved.ready
@@ -285,6 +285,14 @@ def test_cancelling_a_flow_run_stops_every_stage(stack, random_model_dir, tmp_pa
     )
 
 
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a killed child of this test process stays a zombie until reaped)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_down_stops_everything(stack):
     saved = read_state(stack.home)
     assert saved is not None
@@ -294,7 +302,7 @@ def test_down_stops_everything(stack):
     assert stopped is not None
     assert not state_path(stack.home).exists()
     for proc in saved.processes:
-        assert not psutil.pid_exists(proc.pid), f"{proc.name} (pid {proc.pid}) is still there"
+        assert not running(proc.pid), f"{proc.name} (pid {proc.pid}) is still there"
         assert group_members(proc.pgid) == [], f"{proc.name}'s process group still has members"
     assert port_is_free(stack.prefect_port) and port_is_free(stack.mlflow_port)
     assert down(stack.home) is None, "a second down finds nothing to stop"
