@@ -53,3 +53,8 @@ def read_info(directory: Path) -> CheckpointInfo:
         return CheckpointInfo.model_validate_json(path.read_text())
     except ValidationError as error:
         raise CheckpointError(f"{str(path)!r} is not valid checkpoint metadata: {error}") from None
+
+
+def starting_version(resume_from: Path | None) -> int:
+    """The policy version a run starts at: 0, or the checkpoint's when resuming from one."""
+    return 0 if resume_from is None else read_info(resume_from).policy_version

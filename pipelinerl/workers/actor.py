@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipelinerl.platform.checkpoint import starting_version
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
@@ -72,15 +73,6 @@ class StagedWeights:
             parameters[name].data.copy_(tensor)
 
 
-def start_version(config: PipelineConfig) -> int:
-    """The policy version of the starting weights: 0, or the checkpoint's when resuming."""
-    if config.run.resume_from is None:
-        return 0
-    from pipelinerl.platform.checkpoint import read_info
-
-    return read_info(config.run.resume_from).policy_version
-
-
 class Actor:
     def __init__(self, config: PipelineConfig, run_dir: Path, actor_id: int, model_path: Path) -> None:
         import torch
@@ -114,7 +106,7 @@ class Actor:
             kv_block_size=config.actor.kv_block_size,
             kv_cache_blocks=config.actor.kv_cache_blocks,
             seed=config.run.seed * 1000 + actor_id,
-            policy_version=start_version(config),
+            policy_version=starting_version(config.run.resume_from),
         )
         transport = config.transport
         self.context = zmq.Context()

@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from pipelinerl.platform.comparison import DEFAULT_WINDOW, ModeRow, compare_runs
@@ -128,8 +127,3 @@ def log_comparison(
         "comparison.json",
         metrics,
     )
-
-
-def comparison_dir(result: ComparisonResult) -> Path:
-    """Where the child runs are (their common parent directory)."""
-    return next(iter(result.results.values())).run_dir.parent

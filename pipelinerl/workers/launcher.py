@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipelinerl.platform.checkpoint import CheckpointError
+from pipelinerl.platform.checkpoint import CheckpointError, starting_version
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.jsonl import JsonlTail
 from pipelinerl.platform.tracking import CheckpointRecord
@@ -421,7 +421,7 @@ def _run(
     config: PipelineConfig, run_dir: Path, model_path: Path, status: Callable[[str], None], sinks: Sinks
 ) -> RunResult:
     status("measuring held-out success of the starting policy")
-    start_version = 0 if config.run.resume_from is None else _checkpoint_version(config.run.resume_from)
+    start_version = starting_version(config.run.resume_from)
     eval_start = held_out_success(config, model_path)
     if sinks.tracker is not None:
         sinks.tracker.evaluated(start_version, eval_start, 0.0)
@@ -469,9 +469,3 @@ def _run(
     )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(run_dir=run_dir, summary=summary, records=records)
-
-
-def _checkpoint_version(directory: Path) -> int:
-    from pipelinerl.platform.checkpoint import read_info
-
-    return read_info(directory).policy_version
