@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from pipelinerl.platform.db_cli import db_app, runs_app
+from pipelinerl.workers.bench.cli import bench_app
 
 app = typer.Typer(
     help="PipelineRL: on-policy RL of language models with in-flight weight updates, and its baselines.",
@@ -54,15 +55,23 @@ def _log_to_console() -> None:
 
 @app.command()
 def run(config: ConfigOption = None, set_: SetOption = None) -> None:
-    """Run the three stages (actor, preprocessor, trainer) on this machine and report what was learned."""
+    """Run the three stages (actor, preprocessor, trainer) and report what was learned.
+
+    They run on this machine, or with cluster.placement=pools as flow runs on the Prefect work pools
+    (PREFECT_API_URL names the server)."""
     resolved = _load(config, set_)
     _log_to_console()
-    from pipelinerl.workers.launcher import launch
+    from pipelinerl.workers.launcher import launch, local_placement
     from pipelinerl.workers.progress import ProgressView
 
+    placement = local_placement
+    if resolved.cluster.placement == "pools":
+        from pipelinerl.flows.placement import placement_for
+
+        placement = placement_for(resolved, lambda text: console.log(text))
     view = ProgressView(console, resolved)
     with _run_errors(), view:
-        result = launch(resolved, on_records=view.add_records, on_status=view.set_status)
+        result = launch(resolved, on_records=view.add_records, on_status=view.set_status, placement=placement)
     view.print_summary(result.summary, result.run_dir)
 
 
@@ -156,6 +165,7 @@ def warmstart(config: ConfigOption = None, set_: SetOption = None) -> None:
 
 app.add_typer(db_app, name="db", help="Migrate the platform database (Alembic): upgrade, downgrade, current.")
 app.add_typer(runs_app, name="runs", help="Runs recorded in the platform database: list, show.")
+app.add_typer(bench_app, name="bench")
 
 
 HomeOption = Annotated[

@@ -1,4 +1,6 @@
-"""Register the platform's Prefect deployments: ``rl-run/default``, ``compare/default``, ``sweep/default``.
+"""Register the platform's Prefect deployments: ``rl-run/default``, ``compare/default``, ``sweep/default``
+on the launch pool, and the per-role ``rl-role/trainers`` and ``rl-role/actors`` on the ``trainers``
+and ``actors`` pools (what ``cluster.placement = "pools"`` submits to).
 
 Each deployment loads its flow from this repository's directory (``flow.from_source`` with a local
 path: the worker's pull step changes into the repository, nothing is copied or uploaded) and runs
@@ -53,10 +55,12 @@ class DeploymentSpec:
     flow_name: str
     entrypoint: str  # path relative to the repository root, ``file.py:function``
     description: str
+    name: str = DEPLOYMENT_NAME
+    pool: str | None = None  # None: the launch pool
 
     @property
     def full_name(self) -> str:
-        return f"{self.flow_name}/{DEPLOYMENT_NAME}"
+        return f"{self.flow_name}/{self.name}"
 
     @property
     def path(self) -> Path:
@@ -78,6 +82,20 @@ DEPLOYMENTS = (
         "sweep",
         "pipelinerl/flows/sweep.py:sweep",
         "A grid of config overrides, one child run per point; its nightly schedule starts disabled.",
+    ),
+    DeploymentSpec(
+        "rl-role",
+        "pipelinerl/flows/rl_role.py:rl_role",
+        "One node's trainer ranks (and, on node 0, the preprocessor) of a run placed on the pools.",
+        name="trainers",
+        pool="trainers",
+    ),
+    DeploymentSpec(
+        "rl-role",
+        "pipelinerl/flows/rl_role.py:rl_role",
+        "One node's actors of a run placed on the pools.",
+        name="actors",
+        pool="actors",
     ),
 )
 
@@ -184,7 +202,9 @@ async def _deploy(
     pools = list(dict.fromkeys([*STAGE_POOLS, work_pool]))
     async with get_client() as client:
         await _ensure_work_pools(client, pools)
-    deployments = []
+    deployments: dict[
+        str, list[tuple[DeploymentSpec, Any]]
+    ] = {}  # by work pool: adeploy sets one pool for all it is given
     for spec in present:
         flow = await Flow.afrom_source(source=str(REPO_ROOT), entrypoint=spec.entrypoint)
         schedules = None
@@ -194,29 +214,34 @@ async def _deploy(
                     cron, timezone="UTC", active=False, parameters=sweep_parameters, slug=SWEEP_SCHEDULE_SLUG
                 )
             ]
-        deployments.append(
-            await flow.ato_deployment(
-                name=DEPLOYMENT_NAME,
-                work_pool_name=work_pool,
-                schedules=schedules,
-                description=spec.description,
-                tags=["pipelinerl"],
+        pool = spec.pool or work_pool
+        deployments.setdefault(pool, []).append(
+            (
+                spec,
+                await flow.ato_deployment(
+                    name=spec.name,
+                    work_pool_name=pool,
+                    schedules=schedules,
+                    description=spec.description,
+                    tags=["pipelinerl"],
+                ),
             )
         )
-    if not deployments:
-        return {}
-    report = io.StringIO()
-    with contextlib.redirect_stdout(report):  # Prefect prints its own table; the caller reports the ids
-        ids = await adeploy(
-            *deployments,
-            work_pool_name=work_pool,
-            build=False,
-            push=False,
-            print_next_steps_message=False,
-            ignore_warnings=True,
-        )
-    logger.debug("%s", report.getvalue())
-    return {spec.full_name: str(deployment_id) for spec, deployment_id in zip(present, ids, strict=True)}
+    ids: dict[str, str] = {}
+    for pool, group in deployments.items():
+        report = io.StringIO()
+        with contextlib.redirect_stdout(report):  # Prefect prints its own table; the caller reports ids
+            created = await adeploy(
+                *(deployment for _, deployment in group),
+                work_pool_name=pool,
+                build=False,
+                push=False,
+                print_next_steps_message=False,
+                ignore_warnings=True,
+            )
+        logger.debug("%s", report.getvalue())
+        ids.update({spec.full_name: str(i) for (spec, _), i in zip(group, created, strict=True)})
+    return {spec.full_name: ids[spec.full_name] for spec in present}
 
 
 def main(argv: list[str] | None = None) -> int:

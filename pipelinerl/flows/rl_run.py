@@ -4,7 +4,9 @@ The flow takes the whole run configuration as one typed parameter (``PipelineCon
 Prefect UI renders a form with every field's description, dropdowns for choices and the
 constraints checked before anything starts. On one machine the flow runs the launcher
 (``workers/launcher.py``): the actor, preprocessor and trainer processes, supervised until the
-trainer ends. While it runs, the flow
+trainer ends; with ``cluster.placement = "pools"`` it submits one ``rl-role`` flow run per role
+and node to the ``trainers`` and ``actors`` work pools instead (``flows/placement.py``) and
+supervises those. While it runs, the flow
 
 * streams every stage's log into the flow run's logs (``StageLogForwarder``);
 * publishes progress as a Prefect table artifact (version, reward, ESS, lag) and links the MLflow
@@ -16,6 +18,7 @@ A crashed stage fails the flow run with that stage's log tail (``StageFailed``).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,9 +38,10 @@ ARTIFACT_KEY = "rl-run-progress"
 class StageLogForwarder:
     """Tails ``<run_dir>/logs/*.log`` and sends each new line to a logger, prefixed by its stage."""
 
-    def __init__(self, logs_dir: Path, logger: Any) -> None:
+    def __init__(self, logs_dir: Path, logger: Any, names: set[str] | None = None) -> None:
         self.logs_dir = logs_dir
         self.logger = logger
+        self.names = names  # only these stages' logs (None: every stage's)
         self.offsets: dict[Path, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="stage-logs", daemon=True)
@@ -59,6 +63,8 @@ class StageLogForwarder:
         if not self.logs_dir.is_dir():
             return
         for path in sorted(self.logs_dir.glob("*.log")):
+            if self.names is not None and path.stem not in self.names:
+                continue
             offset = self.offsets.get(path, 0)
             with path.open("rb") as handle:
                 handle.seek(offset)
@@ -125,19 +131,23 @@ def mlflow_link_markdown(config: PipelineConfig, run_dir: Path) -> str:
 @flow(name="rl-run", log_prints=True)
 def rl_run(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008 (the form's default)
     """Run PipelineRL (or a baseline, by `run.mode`) on this machine and return its summary."""
+    from pipelinerl.flows.placement import placement_for
     from pipelinerl.workers.launcher import launch, new_run_id
 
     logger = get_run_logger()
     run_id = new_run_id(config.run.mode)
     run_dir = (config.run.output_dir / run_id).resolve()
     progress = ProgressArtifacts()
-    with StageLogForwarder(run_dir / "logs", logger):
+    # Placed on the pools, each role's flow run streams its own stages' logs.
+    forward_logs = config.cluster.placement == "local"
+    with StageLogForwarder(run_dir / "logs", logger) if forward_logs else contextlib.nullcontext():
         result = launch(
             config,
             run_id=run_id,
             on_records=progress.add,
             on_status=lambda text: logger.info("%s", text),
             prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
+            placement=placement_for(config, lambda text: logger.info("%s", text)),
         )
     progress.publish()
     create_markdown_artifact(key="rl-run-mlflow", markdown=mlflow_link_markdown(config, result.run_dir))

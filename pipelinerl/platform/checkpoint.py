@@ -58,3 +58,10 @@ def read_info(directory: Path) -> CheckpointInfo:
 def starting_version(resume_from: Path | None) -> int:
     """The policy version a run starts at: 0, or the checkpoint's when resuming from one."""
     return 0 if resume_from is None else read_info(resume_from).policy_version
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The run's complete checkpoint with the highest policy version, if any (an interrupted one,
+    without its ``checkpoint.json``, does not count)."""
+    complete = [d for d in (run_dir / "checkpoints").glob("v*") if (d / INFO_FILE).is_file()]
+    return max(complete, key=lambda d: read_info(d).policy_version, default=None)

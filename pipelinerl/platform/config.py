@@ -5,7 +5,7 @@ validates and what the Prefect run form renders. A bad value fails here, before 
 starts, with a message naming the field, the value and what is allowed.
 
 The configuration is a tree of sections (``run``, ``model``, ``task``, ``actor``, ``rl``,
-``trainer``, ``transport``, ``tracking``); an override names a leaf as ``section.key=value``.
+``trainer``, ``transport``, ``tracking``, ``cluster``); an override names a leaf as ``section.key=value``.
 """
 
 from __future__ import annotations
@@ -61,6 +61,13 @@ class RunConfig(Section):
         None,
         description="A checkpoint directory (runs/<id>/checkpoints/v<version>) to continue training from: "
         "the policy, its version and samples trained are restored.",
+    )
+    max_restarts: int = Field(
+        0,
+        ge=0,
+        le=10,
+        description="When a stage crashes, stop every stage and start them all again from the run's "
+        "latest checkpoint (or from the start), at most this many times; 0: a crash fails the run.",
     )
 
 
@@ -176,6 +183,62 @@ class TrackingConfig(Section):
     )
 
 
+Role = Literal["trainer", "actor"]
+ROLES: tuple[Role, ...] = ("trainer", "actor")
+
+
+class ClusterConfig(Section):
+    placement: Literal["local", "pools"] = Field(
+        "local",
+        description="local: every stage runs on the launching machine; pools: one Prefect flow run per "
+        "role and node, submitted to the role's deployment on its work pool (actors, trainers). Pools need "
+        "run.output_dir and the model on storage every node shares.",
+    )
+    trainer_deployment: str = Field(
+        "rl-role/trainers",
+        pattern=r"^[^/]+/[^/]+$",
+        description="pools: the deployment (flow/deployment) running the trainer role (pool trainers).",
+    )
+    actor_deployment: str = Field(
+        "rl-role/actors",
+        pattern=r"^[^/]+/[^/]+$",
+        description="pools: the deployment (flow/deployment) running the actor role (pool actors).",
+    )
+    trainer_nodes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="pools: nodes (flow runs) the trainer ranks are split over; node 0 also runs the "
+        "preprocessor. trainer.num_processes must divide evenly.",
+    )
+    actor_nodes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="pools: nodes (flow runs) the actors are split over; actor.num_actors must divide.",
+    )
+    trainer_gpus_per_node: int = Field(
+        0, ge=0, le=16, description="pools: the `gpus` job variable of each trainer flow run (0: CPU)."
+    )
+    actor_gpus_per_node: int = Field(
+        0, ge=0, le=16, description="pools: the `gpus` job variable of each actor flow run (0: CPU)."
+    )
+    start_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="pools: how long a role flow run may wait for a worker of its pool before the run fails.",
+    )
+
+    def nodes(self, role: Role) -> int:
+        return self.trainer_nodes if role == "trainer" else self.actor_nodes
+
+    def gpus_per_node(self, role: Role) -> int:
+        return self.trainer_gpus_per_node if role == "trainer" else self.actor_gpus_per_node
+
+    def deployment(self, role: Role) -> str:
+        return self.trainer_deployment if role == "trainer" else self.actor_deployment
+
+
 class TransportConfig(Section):
     host: str = Field("127.0.0.1", description="Address the sockets bind to (loopback only for now).")
     base_port: int = Field(
@@ -230,6 +293,7 @@ class PipelineConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="DeepSpeed training.")
     transport: TransportConfig = Field(default_factory=TransportConfig, description="ZeroMQ sockets.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow and the database.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where the stages run.")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PipelineConfig:
@@ -239,6 +303,16 @@ class PipelineConfig(Section):
             raise ValueError(
                 f"rl.batch_size={self.rl.batch_size} must divide evenly over "
                 f"trainer.num_processes={self.trainer.num_processes}"
+            )
+        if self.trainer.num_processes % self.cluster.trainer_nodes:
+            raise ValueError(
+                f"trainer.num_processes={self.trainer.num_processes} must divide evenly over "
+                f"cluster.trainer_nodes={self.cluster.trainer_nodes}"
+            )
+        if self.actor.num_actors % self.cluster.actor_nodes:
+            raise ValueError(
+                f"actor.num_actors={self.actor.num_actors} must divide evenly over "
+                f"cluster.actor_nodes={self.cluster.actor_nodes}"
             )
         return self
 

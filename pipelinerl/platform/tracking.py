@@ -57,6 +57,7 @@ METRICS = (
     "samples/trained",
     "tokens/trained",
     "ledger/duplicates",
+    "run/restarts",
 )
 _TRAINER_KEYS = (
     "rl/loss",
@@ -440,6 +441,10 @@ class RunTracker:
     def checkpoint(self, checkpoint: CheckpointRecord) -> None:
         self._queue.put(("checkpoint", checkpoint))
 
+    def restarted(self, restarts: int, policy_version: int) -> None:
+        """The stages were started again (``run.max_restarts``), the ``restarts``-th time."""
+        self._queue.put(("restart", (restarts, policy_version)))
+
     # --- the background thread ---
     #
     # Each record is turned, once, into metric points and "writes" (database rows, logged models);
@@ -509,6 +514,9 @@ class RunTracker:
             version, success, wall_s = payload
             self.seen.evals.append((wall_s, success))
             self._points.append(MetricPoint("eval/success", success, version, time.time()))
+        elif kind == "restart":
+            restarts, version = payload
+            self._points.append(MetricPoint("run/restarts", float(restarts), version, time.time()))
         elif kind == "checkpoint":
             assert self.mlflow is not None and self.mlflow_run_id is not None
             mlflow, run_id, name = self.mlflow, self.mlflow_run_id, self.config.run.name

@@ -1,15 +1,19 @@
-"""Launch one run: the three stages as processes on this machine, supervised until the trainer ends.
+"""Launch one run: its stages, wherever they are placed, supervised until the trainer ends.
 
-``launch(config)`` is a plain function (the CLI and, later, the Prefect flows call it):
+``launch(config)`` is a plain function (the CLI and the Prefect flows call it):
 
-1. pre-flight, before any process starts: every port the run needs can be bound, the model
-   directory exists (or the embedded model is warm-started, cached in the platform home);
+1. pre-flight, before any process starts: every port the run needs can be bound, the tracking
+   stores answer, the model directory exists (or the embedded model is warm-started, cached in the
+   platform home);
 2. ``runs/<run-id>/`` gets the resolved ``config.json``; the MLflow run and the platform-database
    row are opened (``platform/tracking.py``); held-out success is measured;
-3. trainer rank(s), preprocessor and actor(s) start, each in its own process group with its log
-   under ``logs/``; a stage that dies stops the run with the tail of its log;
-4. the stages' JSON-lines records (trainer, actors, preprocessor) are tailed and handed to the
-   progress view and the tracker, which writes them in batches from its own thread;
+3. the stages start through a **placement**: ``LocalStages`` runs every process on this machine
+   (``workers/stages.py``); the ``rl-run`` flow's pool placement submits one Prefect flow run per
+   role and node instead (``flows/placement.py``). Either way a crashed stage raises
+   ``StageFailed`` with its log tail, and ``run.max_restarts`` lets the run start every stage again
+   from its latest checkpoint;
+4. the stages' JSON-lines records (trainer, actors, preprocessor) are tailed from the run directory
+   and handed to the progress view and the tracker, which writes them in batches from its own thread;
 5. after the trainer's last step: held-out success of the final policy, ``summary.json``, and the
    tracked run is closed as finished (or failed / killed).
 """
@@ -18,10 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -31,33 +32,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipelinerl.platform.checkpoint import CheckpointError, starting_version
-from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.checkpoint import CheckpointError, latest_checkpoint, starting_version
+from pipelinerl.platform.config import PipelineConfig, with_overrides
 from pipelinerl.platform.jsonl import JsonlTail
 from pipelinerl.platform.tracking import CheckpointRecord
+from pipelinerl.workers.stages import SHUTDOWN_GRACE_S, LocalStages, StageFailed
 
 POLL_S = 0.5
-SHUTDOWN_GRACE_S = 30.0
-LOG_TAIL_LINES = 40
 
-
-class StageFailed(RuntimeError):
-    """A stage process exited before the run was done; the message carries its log tail."""
+__all__ = ["Placement", "RunResult", "RunTerminated", "StageFailed", "launch", "new_run_id"]
 
 
 class RunTerminated(BaseException):
     """SIGTERM reached the launcher (a cancelled flow run, ``kill``): the run stops as killed."""
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In a stage process, before exec: get SIGTERM when the launcher dies, even by SIGKILL (Linux)."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @contextlib.contextmanager
@@ -78,38 +65,6 @@ def sigterm_stops_the_run() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-@dataclass
-class Stage:
-    name: str
-    command: list[str]
-    env: dict[str, str]
-    log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    def start(self, cwd: Path) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.command,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=cwd,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 (only prctl; no locks taken)
-            )
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        if not self.log_path.exists():
-            return "(no log)"
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def signal_group(self, signum: int) -> None:
-        if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signum)
 
 
 @dataclass
@@ -178,101 +133,18 @@ def held_out_success(config: PipelineConfig, model_path: Path) -> float:
     return evaluate_success(model, tokenizer, task, problems, max_new_tokens=config.actor.max_new_tokens)
 
 
-def stage_env(config: PipelineConfig, threads: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS=str(threads),
-        MKL_NUM_THREADS=str(threads),
-        PYTHONUNBUFFERED="1",
-        DS_ACCELERATOR=env.get("DS_ACCELERATOR", "cpu"),
-        TOKENIZERS_PARALLELISM="false",
-    )
-    return env
-
-
-def build_stages(config: PipelineConfig, run_dir: Path, model_path: Path) -> list[Stage]:
-    python = sys.executable
-    logs = run_dir / "logs"
-    common = ["--run-dir", str(run_dir)]
-    stages = []
-    world = config.trainer.num_processes
-    for rank in range(world):
-        env = stage_env(config, config.trainer.torch_threads)
-        env.update(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world),
-            MASTER_ADDR=config.transport.host,
-            MASTER_PORT=str(config.transport.port("trainer_dist")),
-        )
-        stages.append(
-            Stage(
-                f"trainer{rank}",
-                [
-                    python,
-                    "-m",
-                    "pipelinerl.workers.trainer",
-                    *common,
-                    "--rank",
-                    str(rank),
-                    "--model-path",
-                    str(model_path),
-                ],
-                env,
-                logs / f"trainer{rank}.log",
-            )
-        )
-    stages.append(
-        Stage(
-            "preprocessor",
-            [python, "-m", "pipelinerl.workers.preprocessor", *common],
-            stage_env(config, 1),
-            logs / "preprocessor.log",
-        )
-    )
-    actor_python = config.actor.python or python
-    for actor_id in range(config.actor.num_actors):
-        stages.append(
-            Stage(
-                f"actor{actor_id}",
-                [
-                    actor_python,
-                    "-m",
-                    "pipelinerl.workers.actor",
-                    *common,
-                    "--actor-id",
-                    str(actor_id),
-                    "--model-path",
-                    str(model_path),
-                ],
-                stage_env(config, config.actor.torch_threads),
-                logs / f"actor{actor_id}.log",
-            )
-        )
-    return stages
-
-
-def tree_rss_bytes(pid: int) -> int:
-    """Resident memory of a process and all its descendants."""
-    import psutil
-
-    root = psutil.Process(pid)
-    total = 0
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            total += process.memory_info().rss
-        except psutil.NoSuchProcess:
-            continue
-    return total
-
-
 class RecordTails:
-    """The JSON-lines files the stages append to, read incrementally (trainer, actors, preprocessor)."""
+    """The JSON-lines files the stages append to, read incrementally (trainer, actors, preprocessor).
+
+    After a restart from a checkpoint the trainer writes the versions after it again; only versions
+    not seen before are handed on, so each version is tracked once (the first attempt's record).
+    """
 
     def __init__(self, run_dir: Path, num_actors: int) -> None:
         self.trainer = JsonlTail(run_dir / "metrics.jsonl")
         self.actors = [JsonlTail(run_dir / f"actor{k}.jsonl") for k in range(num_actors)]
         self.preprocessor = JsonlTail(run_dir / "preprocessor.jsonl")
+        self.last_version = -1
 
     def read(self, sink: RecordSink) -> list[dict[str, Any]]:
         """Hand new records to ``sink``; returns the new trainer records."""
@@ -281,8 +153,9 @@ class RecordTails:
                 sink.actor_records(new)
         if new := self.preprocessor.read():
             sink.preprocessor_records(new)
-        trainer = self.trainer.read()
+        trainer = [r for r in self.trainer.read() if r["policy_version"] > self.last_version]
         if trainer:
+            self.last_version = trainer[-1]["policy_version"]
             sink.trainer_records(trainer)
         return trainer
 
@@ -326,56 +199,50 @@ class Sinks:
             self.tracker.preprocessor_records(records)
 
 
-def supervise(
-    stages: list[Stage], run_dir: Path, tails: RecordTails, sink: RecordSink
-) -> tuple[list[dict[str, Any]], int]:
-    """Wait for the trainers to finish; fail fast if any stage dies first. Returns records, peak RSS."""
-    records: list[dict[str, Any]] = []
-    peak_rss = 0
-    trainers = [s for s in stages if s.name.startswith("trainer")]
-    while True:
-        records.extend(tails.read(sink))
-        peak_rss = max(peak_rss, tree_rss_bytes(os.getpid()))
-        if all(s.process and s.process.poll() == 0 for s in trainers):
-            records.extend(tails.read(sink))
-            return records, peak_rss
-        # Once a trainer has written its done-marker it has sent Shutdown: the others may exit.
-        finishing = any((run_dir / f"{s.name}.done").exists() for s in trainers)
-        for stage in stages:
-            code = stage.process.poll() if stage.process else None
-            if code is not None and (code != 0 or not (stage in trainers or finishing)):
-                raise StageFailed(
-                    f"stage {stage.name} exited with code {code} before the run ended; "
-                    f"last lines of {stage.log_path}:\n{stage.log_tail()}"
-                )
-        time.sleep(POLL_S)
+class Placement(Protocol):
+    """Where a run's stages execute: started, polled until done, stopped (``workers/stages.py``)."""
+
+    peak_rss_bytes: int
+
+    def start(self, config: PipelineConfig, model_path: Path) -> None: ...
+
+    def poll(self) -> bool:
+        """True once the trainer is done; raises ``StageFailed`` when a stage died first."""
+        ...
+
+    def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None: ...
+
+    def describe(self) -> str: ...
 
 
-def stop_stages(stages: list[Stage], grace_s: float = SHUTDOWN_GRACE_S) -> None:
-    """Let stages exit on their own (they got Shutdown), then SIGTERM, then SIGKILL their groups."""
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(s.process and s.process.poll() is None for s in stages):
-        time.sleep(0.2)
-    for signum, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        alive = [s for s in stages if s.process and s.process.poll() is None]
-        if not alive:
-            return
-        for stage in alive:
-            stage.signal_group(signum)
-        for stage in alive:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                stage.process.wait(timeout=wait_s)  # type: ignore[union-attr]
+PlacementFactory = Callable[[PipelineConfig, Path], Placement]
+
+
+def local_placement(config: PipelineConfig, run_dir: Path) -> Placement:
+    return LocalStages(run_dir)
+
+
+@dataclass
+class PreparedRun:
+    """A run whose directory, tracked run and starting evaluation exist; its stages not yet started."""
+
+    config: PipelineConfig
+    run_dir: Path
+    model_path: Path
+    tracker: Any  # RunTracker | None
+    start_version: int
 
 
 def launch(
     config: PipelineConfig,
     *,
-    on_records: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_records: Callable[[Sequence[dict[str, Any]]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
     run_id: str | None = None,
     parent_mlflow_run_id: str | None = None,
     parent_run_id: str | None = None,
     prefect_flow_run_id: str | None = None,
+    placement: PlacementFactory = local_placement,
 ) -> RunResult:
     """Run PipelineRL (or a baseline, by ``config.run.mode``) end to end; see the module docstring."""
     status = on_status or (lambda text: None)
@@ -399,11 +266,15 @@ def launch(
         )
         mlflow_run_id = tracker.start(model_path, started_at=time.time())
         (run_dir / "mlflow_run_id").write_text(mlflow_run_id)
+    prepared = PreparedRun(config, run_dir, model_path, tracker, starting_version(config.run.resume_from))
     outcome = "failed"
     try:
         with sigterm_stops_the_run():
             result = _run(
-                config, run_dir, model_path, status, Sinks([on_records] if on_records else [], tracker)
+                prepared,
+                placement(config, run_dir),
+                status,
+                Sinks([on_records] if on_records else [], tracker),
             )
         outcome = "finished"
         return result
@@ -418,32 +289,21 @@ def launch(
 
 
 def _run(
-    config: PipelineConfig, run_dir: Path, model_path: Path, status: Callable[[str], None], sinks: Sinks
+    prepared: PreparedRun, placement: Placement, status: Callable[[str], None], sinks: Sinks
 ) -> RunResult:
+    config, run_dir = prepared.config, prepared.run_dir
     status("measuring held-out success of the starting policy")
-    start_version = starting_version(config.run.resume_from)
-    eval_start = held_out_success(config, model_path)
+    eval_start = held_out_success(config, prepared.model_path)
     if sinks.tracker is not None:
-        sinks.tracker.evaluated(start_version, eval_start, 0.0)
-    stages = build_stages(config, run_dir, model_path)
-    status(f"starting {len(stages)} stage processes")
+        sinks.tracker.evaluated(prepared.start_version, eval_start, 0.0)
     started = time.time()
-    try:
-        for stage in stages:
-            stage.start(cwd=Path.cwd())
-        records, peak_rss = supervise(stages, run_dir, RecordTails(run_dir, config.actor.num_actors), sinks)
-    except BaseException:
-        # A failed stage, SIGTERM or a cancelled flow run: nobody will send Shutdown, so stop the
-        # stages now (a canceller such as Prefect's worker SIGKILLs us 30 s later).
-        stop_stages(stages, grace_s=0)
-        raise
-    stop_stages(stages)  # the trainer sent Shutdown: let the others exit on their own
+    records, restarts = _train(prepared, placement, status, sinks)
     run_wall_s = time.time() - started
     status("measuring held-out success of the final policy")
     eval_end = held_out_success(config, run_dir / "final")
     wall_s = records[-1]["wall_s"] if records else run_wall_s
     if sinks.tracker is not None:
-        final_version = records[-1]["policy_version"] if records else start_version
+        final_version = records[-1]["policy_version"] if records else prepared.start_version
         sinks.tracker.evaluated(final_version, eval_end, wall_s)
         sinks.tracker.checkpoint(
             CheckpointRecord(
@@ -462,10 +322,71 @@ def _run(
         extra={
             "run_id": run_dir.name,
             "run_wall_s": run_wall_s,
-            "peak_memory_gib": peak_rss / 2**30,
-            "model_path": str(model_path),
-            "start_policy_version": start_version,
+            "peak_memory_gib": placement.peak_rss_bytes / 2**30,
+            "model_path": str(prepared.model_path),
+            "start_policy_version": prepared.start_version,
+            "restarts": restarts,
+            "placement": config.cluster.placement,
         },
     )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(run_dir=run_dir, summary=summary, records=records)
+
+
+def _train(
+    prepared: PreparedRun, placement: Placement, status: Callable[[str], None], sinks: Sinks
+) -> tuple[list[dict[str, Any]], int]:
+    """Start the stages and supervise them until the trainer is done, restarting after a crash
+    from the latest checkpoint while ``run.max_restarts`` allows. Returns the records and restarts."""
+    config, run_dir, model_path = prepared.config, prepared.run_dir, prepared.model_path
+    tails = RecordTails(run_dir, config.actor.num_actors)
+    records: list[dict[str, Any]] = []
+    restarts = 0
+    while True:
+        placement.start(config, model_path)
+        status(f"started {placement.describe()}")
+        try:
+            while not placement.poll():
+                records.extend(tails.read(sinks))
+                time.sleep(POLL_S)
+            records.extend(tails.read(sinks))
+            break
+        except StageFailed as failure:
+            placement.stop(grace_s=0)  # nobody will send Shutdown: stop the others at once
+            if restarts >= config.run.max_restarts:
+                raise
+            restarts += 1
+            records.extend(tails.read(sinks))
+            config, model_path = _restart_point(prepared, config)
+            first_line = str(failure).splitlines()[0]
+            status(
+                f"{first_line}; restart {restarts} of {config.run.max_restarts} from "
+                f"{'the checkpoint ' + str(model_path) if config.run.resume_from else 'the start'}"
+            )
+            if sinks.tracker is not None:
+                sinks.tracker.restarted(restarts, max(tails.last_version, 0))
+        except BaseException:
+            # SIGTERM or a cancelled flow run: nobody will send Shutdown, so stop the stages now (a
+            # canceller such as Prefect's worker SIGKILLs us 30 s later).
+            placement.stop(grace_s=0)
+            raise
+    placement.stop()  # the trainer sent Shutdown: let the others exit on their own
+    return records, restarts
+
+
+def _restart_point(prepared: PreparedRun, config: PipelineConfig) -> tuple[PipelineConfig, Path]:
+    """The config and model every stage starts from again: the run's latest complete checkpoint,
+    else where the run started. ``config.json`` is rewritten (stages read it); the first is kept."""
+    run_dir = prepared.run_dir
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        config, model_path = prepared.config, prepared.model_path
+    else:
+        config, model_path = with_overrides(prepared.config, {"run.resume_from": str(checkpoint)}), checkpoint
+    initial = run_dir / "config.initial.json"
+    if not initial.exists():
+        (run_dir / "config.json").rename(initial)
+    (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    for marker in run_dir.glob("trainer*.done"):
+        marker.unlink()
+    return config, model_path

@@ -161,7 +161,8 @@ def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random
     from pipelinerl.platform.transport import Receiver, Sender
     from pipelinerl.platform.weights import WeightGroup, dtype_name
     from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
-    from pipelinerl.workers.launcher import build_stages, preflight, stop_stages
+    from pipelinerl.workers.launcher import preflight
+    from pipelinerl.workers.stages import build_stages, stop_stages
 
     config = small_config(tmp_path, random_model_dir, "run.mode=pipeline")
     preflight(config)
@@ -221,7 +222,8 @@ def test_actor_logits_equal_trainer_logits_after_updates(tmp_path, warm_model_di
     from transformers import AutoModelForCausalLM
 
     from pipelinerl.workers.actor import Actor
-    from pipelinerl.workers.launcher import build_stages, preflight, stop_stages
+    from pipelinerl.workers.launcher import preflight
+    from pipelinerl.workers.stages import build_stages, stop_stages
 
     config = small_config(tmp_path, warm_model_dir, "run.mode=pipeline", "run.max_steps=3")
     preflight(config)

@@ -99,6 +99,18 @@ def small_config(random_model_dir: Path, tmp_path: Path, max_steps: int) -> dict
     return config.model_dump(mode="json")
 
 
+def role_flow_runs(state, run_dir: Path) -> list:
+    """The ``rl-role`` flow runs of a run placed on the pools (named ``<run-id>-<role><node>``)."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    async def work(client):
+        return await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=f"{run_dir.name}-"))
+        )
+
+    return sorted(prefect(state, work), key=lambda run: run.created)
+
+
 def submit(state, parameters: dict[str, Any]) -> str:
     from prefect.deployments import run_deployment
 
@@ -189,7 +201,13 @@ def test_up_serves_prefect_mlflow_and_the_deployments(stack):
     async def read(client):
         deployments = {
             name: await client.read_deployment_by_name(name)
-            for name in ("rl-run/default", "compare/default", "sweep/default")
+            for name in (
+                "rl-run/default",
+                "compare/default",
+                "sweep/default",
+                "rl-role/trainers",
+                "rl-role/actors",
+            )
         }
         pools = {name: await client.read_work_pool(name) for name in ("actors", "trainers", "local")}
         workers = {name: await client.read_workers_for_work_pool(name) for name in pools}
@@ -197,7 +215,14 @@ def test_up_serves_prefect_mlflow_and_the_deployments(stack):
 
     deployments, pools, workers = prefect(stack, read)
     assert {name: str(d.id) for name, d in deployments.items()} == stack.deployments
-    assert all(d.work_pool_name == "local" for d in deployments.values())
+    pool_of = {name: d.work_pool_name for name, d in deployments.items()}
+    assert pool_of == {
+        "rl-run/default": "local",
+        "compare/default": "local",
+        "sweep/default": "local",
+        "rl-role/trainers": "trainers",
+        "rl-role/actors": "actors",
+    }
     assert deployments["rl-run/default"].entrypoint == "pipelinerl/flows/rl_run.py:rl_run"
     assert "config" in deployments["rl-run/default"].parameter_openapi_schema["properties"]
     assert all(pool.type == "process" for pool in pools.values())
@@ -240,6 +265,82 @@ def test_rl_run_deployment_completes_and_tracks_to_the_stack(stack, random_model
     assert mlflow_run.info.status == "FINISHED"
     assert mlflow_run.info.run_id == (run_dir / "mlflow_run_id").read_text()
     assert mlflow_run.data.params["run.max_steps"] == "3"
+
+
+def test_rl_run_on_the_pools_runs_each_role_node_as_a_flow_run(stack, random_model_dir, tmp_path):
+    config = small_config(random_model_dir, tmp_path, max_steps=3)
+    config["cluster"].update(placement="pools", actor_nodes=2)
+    config["actor"].update(num_actors=2, max_in_flight=8)
+    flow_run_id = submit(stack, {"config": config})
+    flow_run = wait_for_final_state(stack, flow_run_id, RUN_TIMEOUT_S)
+    assert flow_run.state.is_completed(), f"{flow_run.state}\n{flow_run_logs(stack, flow_run_id)}"
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["placement"] == "pools"
+
+    roles = role_flow_runs(stack, run_dir)
+    assert sorted(run.name for run in roles) == sorted(
+        f"{run_dir.name}-{name}" for name in ("trainer0", "actor0", "actor1")
+    )
+    assert all(run.state.is_completed() for run in roles), [(run.name, run.state) for run in roles]
+    deployment_of = {str(d_id): name for name, d_id in stack.deployments.items()}
+    assert {run.name.rsplit("-", 1)[1]: deployment_of[str(run.deployment_id)] for run in roles} == {
+        "trainer0": "rl-role/trainers",
+        "actor0": "rl-role/actors",
+        "actor1": "rl-role/actors",
+    }
+    assert all(run.parent_task_run_id is not None for run in roles), "linked to the rl-run as subflows"
+    actor1 = next(run for run in roles if run.name.endswith("actor1"))
+    actor1_logs = flow_run_logs(stack, str(actor1.id), lines=400)
+    assert "[actor1]" in actor1_logs and "[actor0]" not in actor1_logs, "each node streams its own stages"
+    # Both actors generated: each wrote its own records in the shared run directory.
+    assert all((run_dir / f"actor{k}.jsonl").stat().st_size > 0 for k in (0, 1))
+    (mlflow_run,) = mlflow_runs_of(stack, flow_run_id)
+    assert mlflow_run.info.status == "FINISHED"
+    assert not processes_mentioning(str(run_dir))
+
+
+def test_a_crashed_role_on_the_pools_restarts_from_its_checkpoint(stack, random_model_dir, tmp_path):
+    import os
+    import signal
+
+    config = small_config(random_model_dir, tmp_path, max_steps=6)
+    config["cluster"].update(placement="pools")
+    config["run"].update(max_restarts=1)
+    config["trainer"].update(checkpoint_every=2)
+    flow_run_id = submit(stack, {"config": config})
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    runs = tmp_path / "runs"
+    killed = None
+    while killed is None:
+        assert time.monotonic() < deadline, "training never reached version 3"
+        metrics = list(runs.glob("*/metrics.jsonl"))
+        if metrics and any(
+            json.loads(line)["policy_version"] >= 3 for line in metrics[0].read_text().splitlines()
+        ):
+            (run_dir,) = runs.iterdir()
+            for pid, cmdline in processes_mentioning(str(run_dir)):
+                if "--actor-id 0" in cmdline:
+                    os.kill(pid, signal.SIGKILL)
+                    killed = pid
+        time.sleep(0.2)
+    flow_run = wait_for_final_state(stack, flow_run_id, RUN_TIMEOUT_S)
+    assert flow_run.state.is_completed(), f"{flow_run.state}\n{flow_run_logs(stack, flow_run_id)}"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["final_policy_version"] == 6
+
+    roles = role_flow_runs(stack, run_dir)
+    assert len(roles) == 4, [(run.name, run.state_name) for run in roles]
+    first_actor, second_actor = (run for run in roles if run.name.endswith("actor0"))
+    assert first_actor.state.is_failed()
+    assert "stage actor0 exited with code -9" in first_actor.state.message
+    assert second_actor.state.is_completed()
+    first_trainer, second_trainer = (run for run in roles if run.name.endswith("trainer0"))
+    assert first_trainer.state.is_cancelled(), "the rest of the first attempt was cancelled"
+    assert second_trainer.state.is_completed()
+    logs = flow_run_logs(stack, flow_run_id, lines=200)
+    assert "restart 1 of 1 from the checkpoint" in logs
+    assert not processes_mentioning(str(run_dir))
 
 
 def test_cancelling_a_flow_run_stops_every_stage(stack, random_model_dir, tmp_path):

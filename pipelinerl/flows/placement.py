@@ -1,0 +1,173 @@
+"""Pool placement: a run's roles as Prefect flow runs on the ``trainers`` and ``actors`` work pools.
+
+With ``cluster.placement = "pools"`` the launcher (``workers/launcher.py``) starts no process
+itself. For each role and node it submits one flow run of the role's deployment
+(``cluster.trainer_deployment`` / ``cluster.actor_deployment``, the ``rl-role`` flow), so a worker
+of that pool (a GPU node, a Kubernetes job, a process on this machine) runs the node's stages from
+the shared run directory. The launcher then supervises those flow runs as it would processes:
+
+* the run is done when every trainer flow run has completed;
+* a role flow run that fails, crashes or is cancelled raises ``StageFailed`` with its state message
+  (which carries the stage's log tail), and ``run.max_restarts`` applies as for local stages;
+* a flow run no worker picks up within ``cluster.start_timeout_s`` fails the run, naming the pool;
+* stopping (a failure, a cancelled ``rl-run``) cancels every role flow run still going, and their
+  workers stop the processes.
+
+Job variables: ``gpus`` (``cluster.<role>_gpus_per_node``) and ``nodes`` (``cluster.<role>_nodes``)
+are passed where the pool's base job template declares them (the Kubernetes and Docker templates
+under ``job_templates/`` do; a plain process pool does not, and the run says so in its log).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+from uuid import UUID
+
+from pipelinerl.platform.config import ROLES, PipelineConfig, Role
+from pipelinerl.workers.stages import SHUTDOWN_GRACE_S, StageFailed
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
+
+CANCEL_WAIT_S = 90.0  # a process worker gives a cancelled flow run 30 s before it kills it
+
+
+@dataclass
+class RoleRun:
+    role: Role
+    node: int
+    flow_run_id: UUID
+    name: str
+    pool: str
+    submitted_at: float
+
+
+def role_parameters(run_dir: Path, role: Role, node: int, model_path: Path) -> dict[str, Any]:
+    return {"run_dir": str(run_dir), "role": role, "node": node, "model_path": str(model_path)}
+
+
+def job_variables(config: PipelineConfig, role: Role, declared: set[str]) -> dict[str, Any]:
+    """The role's GPU and node counts, as far as the pool's job template declares those variables."""
+    wanted = {"gpus": config.cluster.gpus_per_node(role), "nodes": config.cluster.nodes(role)}
+    return {key: value for key, value in wanted.items() if key in declared}
+
+
+class PoolPlacement:
+    """Runs a run's stages as one Prefect flow run per role and node (see the module docstring)."""
+
+    def __init__(self, run_dir: Path, log: Any = None) -> None:
+        self.run_dir = run_dir
+        self.log = log or (lambda text: None)
+        self.runs: list[RoleRun] = []
+        self.start_timeout_s = 0.0
+        self.peak_rss_bytes = 0  # the stages' memory is on the pools' machines
+
+    def start(self, config: PipelineConfig, model_path: Path) -> None:
+        from prefect import get_client
+        from prefect.deployments import run_deployment
+
+        self.start_timeout_s = config.cluster.start_timeout_s
+        self.runs = []
+        for role in ROLES:
+            name = config.cluster.deployment(role)
+            with get_client(sync_client=True) as client:
+                try:
+                    deployment = client.read_deployment_by_name(name)
+                except Exception as error:  # ObjectNotFound, an unreachable API
+                    raise StageFailed(
+                        f"cluster.{role}_deployment={name!r} cannot be read from the Prefect API "
+                        f"({type(error).__name__}: {error}); register it with `pipelinerl deploy`"
+                    ) from None
+                pool = deployment.work_pool_name or "(none)"
+                declared = self._declared_variables(client, deployment.work_pool_name)
+            variables = job_variables(config, role, declared)
+            if skipped := {"gpus", "nodes"} - set(variables):
+                self.log(f"work pool {pool!r} declares no {', '.join(sorted(skipped))} job variable: not set")
+            for node in range(config.cluster.nodes(role)):
+                flow_run = cast(
+                    "FlowRun",
+                    run_deployment(
+                        name,
+                        parameters=role_parameters(self.run_dir, role, node, model_path),
+                        job_variables=variables,
+                        timeout=0,
+                        flow_run_name=f"{self.run_dir.name}-{role}{node}",
+                        tags=["pipelinerl", f"role:{role}"],
+                    ),
+                )
+                self.runs.append(RoleRun(role, node, flow_run.id, flow_run.name, pool, time.monotonic()))
+                self.log(
+                    f"submitted {role} node {node} as flow run {flow_run.name} ({flow_run.id}) to pool {pool}"
+                )
+
+    @staticmethod
+    def _declared_variables(client: Any, pool_name: str | None) -> set[str]:
+        if not pool_name:
+            return set()
+        template = client.read_work_pool(pool_name).base_job_template or {}
+        return set(template.get("variables", {}).get("properties", {}))
+
+    def _states(self) -> list[tuple[RoleRun, Any]]:
+        from prefect import get_client
+
+        with get_client(sync_client=True) as client:
+            return [(run, client.read_flow_run(run.flow_run_id).state) for run in self.runs]
+
+    def poll(self) -> bool:
+        trainers_done = True
+        for run, state in self._states():
+            if state is None:
+                trainers_done = False
+                continue
+            if state.is_failed() or state.is_crashed() or state.is_cancelled() or state.is_cancelling():
+                raise StageFailed(
+                    f"the {run.role} flow run {run.name} (node {run.node}, pool {run.pool}) is "
+                    f"{state.name}: {state.message or '(no message)'}"
+                )
+            waiting = state.is_scheduled() or state.is_pending()
+            if waiting and time.monotonic() - run.submitted_at > self.start_timeout_s:
+                raise StageFailed(
+                    f"no worker of pool {run.pool!r} started the {run.role} flow run {run.name} within "
+                    f"cluster.start_timeout_s={self.start_timeout_s:g} s; is a worker polling it "
+                    f"(`prefect worker start --pool {run.pool}`)?"
+                )
+            if run.role == "trainer" and not state.is_completed():
+                trainers_done = False
+        return trainers_done
+
+    def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Wait up to ``grace_s`` for the role flow runs to end, cancel the rest, wait for them."""
+        from prefect import get_client
+        from prefect.states import Cancelling
+
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and not self._all_final():
+            time.sleep(1.0)
+        going = [run for run, state in self._states() if state is None or not state.is_final()]
+        with get_client(sync_client=True) as client:
+            for run in going:
+                client.set_flow_run_state(
+                    run.flow_run_id, Cancelling(message="the run is stopping"), force=True
+                )
+                self.log(f"cancelling the {run.role} flow run {run.name}")
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while going and time.monotonic() < deadline and not self._all_final():
+            time.sleep(1.0)
+
+    def _all_final(self) -> bool:
+        return all(state is not None and state.is_final() for _, state in self._states())
+
+    def describe(self) -> str:
+        return ", ".join(f"{run.role}{run.node} as flow run {run.name} on {run.pool}" for run in self.runs)
+
+
+def placement_for(config: PipelineConfig, log: Any = None) -> Any:
+    """The launcher's placement factory for ``config.cluster.placement``."""
+    from pipelinerl.workers.launcher import local_placement
+
+    if config.cluster.placement == "local":
+        return local_placement
+    return lambda config, run_dir: PoolPlacement(run_dir, log)

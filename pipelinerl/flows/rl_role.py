@@ -1,0 +1,45 @@
+"""The ``rl-role`` Prefect flow: one node's share of one role of a run, on a worker of the role's pool.
+
+``rl-run`` with ``cluster.placement = "pools"`` submits one flow run of this flow per role and node
+(``flows/placement.py``): ``rl-role/trainers`` on the ``trainers`` pool runs trainer ranks (node 0
+also the preprocessor), ``rl-role/actors`` on the ``actors`` pool runs actors. The flow reads the
+run's ``config.json`` from the shared run directory, starts its stages (``workers/stages.py``),
+streams their logs into its own flow run, and completes when they are done. A crashed stage fails
+the flow run with the stage's log tail, which ``rl-run`` reports (and may restart from); cancelling
+the flow run stops its processes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from prefect import flow, get_run_logger
+from pydantic import Field
+
+from pipelinerl.flows.rl_run import StageLogForwarder
+from pipelinerl.platform.config import PipelineConfig, Role
+from pipelinerl.workers.stages import assignment, run_role
+
+
+@flow(name="rl-role", log_prints=True)
+def rl_role(
+    run_dir: Annotated[str, Field(description="The run directory (shared by every node), with config.json.")],
+    role: Annotated[
+        Role, Field(description="trainer: trainer ranks (+ preprocessor on node 0); actor: actors.")
+    ],
+    model_path: Annotated[str, Field(description="The model directory the stages start from.")],
+    node: Annotated[
+        int, Field(ge=0, description="Which of the role's cluster.<role>_nodes nodes this is.")
+    ] = 0,
+) -> dict[str, object]:
+    """Run one node's share of one role of a PipelineRL run until the run is done."""
+    logger = get_run_logger()
+    directory = Path(run_dir)
+    config = PipelineConfig.model_validate_json((directory / "config.json").read_text())
+    share = assignment(config, role, node)
+    names = share.stage_names()
+    logger.info("%s node %d of run %s: %s", role, node, directory.name, ", ".join(names))
+    with StageLogForwarder(directory / "logs", logger, names=set(names)):
+        run_role(directory, role, node, Path(model_path))
+    return {"run_id": directory.name, "role": role, "node": node, "stages": names}

@@ -1,0 +1,276 @@
+"""The stage processes of a run (trainer ranks, preprocessor, actors) and their supervision.
+
+A run's stages are split into two **roles**, the unit a cluster places on its nodes:
+
+* ``trainer``: the trainer ranks, and on the role's node 0 the preprocessor that feeds them;
+* ``actor``: the actors (one inference engine each).
+
+Each role is spread over ``cluster.<role>_nodes`` nodes (``assignment``). On one machine every stage
+of both roles runs here (``LocalStages`` with ``role=None``); on a cluster each node runs its share
+(``run_role``, called by the ``rl-role`` Prefect flow on a worker of the role's pool).
+
+Every stage runs in its own process group with its log under ``<run_dir>/logs/``. A stage that
+exits before the run is done raises ``StageFailed`` with the tail of its log. Stages get
+``PR_SET_PDEATHSIG``, so a launcher killed even by SIGKILL leaves no orphan behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelinerl.platform.config import PipelineConfig, Role
+
+SHUTDOWN_GRACE_S = 30.0
+LOG_TAIL_LINES = 40
+POLL_S = 0.5
+PR_SET_PDEATHSIG = 1
+
+
+class StageFailed(RuntimeError):
+    """A stage process exited before the run was done; the message carries its log tail."""
+
+
+def _die_with_parent() -> None:
+    """In a stage process, before exec: get SIGTERM when the launcher dies, even by SIGKILL (Linux)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Stage:
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, cwd: Path) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 (only prctl; no locks taken)
+            )
+
+    @property
+    def is_trainer(self) -> bool:
+        return self.name.startswith("trainer")
+
+    def exit_code(self) -> int | None:
+        return self.process.poll() if self.process is not None else None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        if not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def signal_group(self, signum: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signum)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Which stages one node of one role runs."""
+
+    trainer_ranks: range
+    actor_ids: range
+    preprocessor: bool
+
+    def stage_names(self) -> list[str]:
+        names = [f"trainer{rank}" for rank in self.trainer_ranks]
+        return names + ["preprocessor"] * self.preprocessor + [f"actor{k}" for k in self.actor_ids]
+
+
+def assignment(config: PipelineConfig, role: Role | None = None, node: int = 0) -> Assignment:
+    """The stages of ``role``'s node ``node`` (``role=None``: every stage, on this machine)."""
+    ranks, actors = config.trainer.num_processes, config.actor.num_actors
+    if role is None:
+        return Assignment(range(ranks), range(actors), preprocessor=True)
+    nodes = config.cluster.nodes(role)
+    if not 0 <= node < nodes:
+        raise ValueError(f"node {node} is outside 0..{nodes - 1} (cluster.{role}_nodes={nodes})")
+    if role == "trainer":
+        per_node = ranks // nodes
+        return Assignment(range(node * per_node, (node + 1) * per_node), range(0), preprocessor=node == 0)
+    per_node = actors // nodes
+    return Assignment(range(0), range(node * per_node, (node + 1) * per_node), preprocessor=False)
+
+
+def stage_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        PYTHONUNBUFFERED="1",
+        DS_ACCELERATOR=env.get("DS_ACCELERATOR", "cpu"),
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return env
+
+
+def build_stages(
+    config: PipelineConfig, run_dir: Path, model_path: Path, role: Role | None = None, node: int = 0
+) -> list[Stage]:
+    """The stage processes (not started) of ``role``'s node ``node``; ``role=None``: all of them."""
+    share = assignment(config, role, node)
+    python = sys.executable
+    logs = run_dir / "logs"
+    common = ["--run-dir", str(run_dir)]
+    stages = []
+    world = config.trainer.num_processes
+    for rank in share.trainer_ranks:
+        env = stage_env(config.trainer.torch_threads)
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank % len(share.trainer_ranks)),
+            WORLD_SIZE=str(world),
+            MASTER_ADDR=config.transport.host,
+            MASTER_PORT=str(config.transport.port("trainer_dist")),
+        )
+        command = [python, "-m", "pipelinerl.workers.trainer", *common, "--rank", str(rank)]
+        stages.append(
+            Stage(
+                f"trainer{rank}",
+                [*command, "--model-path", str(model_path)],
+                env,
+                logs / f"trainer{rank}.log",
+            )
+        )
+    if share.preprocessor:
+        stages.append(
+            Stage(
+                "preprocessor",
+                [python, "-m", "pipelinerl.workers.preprocessor", *common],
+                stage_env(1),
+                logs / "preprocessor.log",
+            )
+        )
+    actor_python = config.actor.python or python
+    for actor_id in share.actor_ids:
+        command = [actor_python, "-m", "pipelinerl.workers.actor", *common, "--actor-id", str(actor_id)]
+        stages.append(
+            Stage(
+                f"actor{actor_id}",
+                [*command, "--model-path", str(model_path)],
+                stage_env(config.actor.torch_threads),
+                logs / f"actor{actor_id}.log",
+            )
+        )
+    return stages
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            total += process.memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def trainer_finished(run_dir: Path) -> bool:
+    """A trainer rank has written its done-marker: it sent Shutdown, so every stage may now exit."""
+    return any(run_dir.glob("trainer*.done"))
+
+
+def check_stages(stages: list[Stage], run_dir: Path) -> bool:
+    """True once this set of stages is done; ``StageFailed`` when one exited before its time.
+
+    Done means: every trainer rank here exited 0, or, on a node without trainer ranks, every stage
+    exited 0 after a trainer finished. A non-zero exit always fails; a clean exit of a stage other
+    than a trainer rank fails too unless a trainer has finished (it was not told to stop).
+    """
+    trainers = [s for s in stages if s.is_trainer]
+    leaders = trainers or stages
+    if all(s.exit_code() == 0 for s in leaders) and (trainers or trainer_finished(run_dir)):
+        return True
+    finishing = trainer_finished(run_dir)
+    for stage in stages:
+        code = stage.exit_code()
+        if code is not None and (code != 0 or not (stage.is_trainer or finishing)):
+            raise StageFailed(
+                f"stage {stage.name} exited with code {code} before the run ended; "
+                f"last lines of {stage.log_path}:\n{stage.log_tail()}"
+            )
+    return False
+
+
+def stop_stages(stages: list[Stage], grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """Let stages exit on their own (they got Shutdown), then SIGTERM, then SIGKILL their groups."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(s.exit_code() is None for s in stages):
+        time.sleep(0.2)
+    for signum, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        alive = [s for s in stages if s.process and s.process.poll() is None]
+        if not alive:
+            return
+        for stage in alive:
+            stage.signal_group(signum)
+        for stage in alive:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                stage.process.wait(timeout=wait_s)  # type: ignore[union-attr]
+
+
+class LocalStages:
+    """A placement that runs stages as processes of this machine (all of them, or one role's node)."""
+
+    def __init__(self, run_dir: Path, role: Role | None = None, node: int = 0) -> None:
+        self.run_dir = run_dir
+        self.role = role
+        self.node = node
+        self.stages: list[Stage] = []
+        self.peak_rss_bytes = 0
+
+    def start(self, config: PipelineConfig, model_path: Path) -> None:
+        self.stages = build_stages(config, self.run_dir, model_path, self.role, self.node)
+        for stage in self.stages:
+            stage.start(cwd=Path.cwd())
+
+    def poll(self) -> bool:
+        self.peak_rss_bytes = max(self.peak_rss_bytes, tree_rss_bytes(os.getpid()))
+        return check_stages(self.stages, self.run_dir)
+
+    def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        stop_stages(self.stages, grace_s)
+
+    def describe(self) -> str:
+        return ", ".join(stage.name for stage in self.stages)
+
+
+def run_role(run_dir: Path, role: Role, node: int, model_path: Path) -> None:
+    """Run one node's share of ``role`` from the run directory's config until it is done.
+
+    What the ``rl-role`` flow runs on a worker of the role's pool: the stages read everything else
+    from ``<run_dir>/config.json``; ``StageFailed`` (and so a failed flow run) if one crashes.
+    """
+    config = PipelineConfig.model_validate_json((run_dir / "config.json").read_text())
+    placement = LocalStages(run_dir, role, node)
+    placement.start(config, model_path)
+    try:
+        while not placement.poll():
+            time.sleep(POLL_S)
+    except BaseException:
+        placement.stop(grace_s=0)
+        raise
+    placement.stop()
