@@ -1,0 +1,264 @@
+"""``pipelinerl bench``: measure the platform's speed and record it under ``docs/benchmarks/``.
+
+Each command writes one JSON record (``docs/benchmarks/<name>.json`` unless ``--out`` says
+otherwise; see ``report.py``) and prints its markdown table. ``--quick`` runs small sizes that
+prove the benchmark works in seconds (what the tests run); its numbers mean nothing.
+A new benchmark is one more ``@bench_app.command()`` here and a module beside this one.
+
+Heavy libraries load inside the commands, so ``pipelinerl bench --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+bench_app = typer.Typer(
+    help="Benchmarks: engine and transport speed, written to docs/benchmarks/<name>.json.",
+    no_args_is_help=True,
+)
+console = Console()
+
+QuickOption = Annotated[
+    bool, typer.Option("--quick", help="Small sizes: proves the benchmark runs (seconds).")
+]
+OutOption = Annotated[
+    Path | None,
+    typer.Option("--out", "-o", help="JSON record to write (default: docs/benchmarks/<name>.json)."),
+]
+ThreadsOption = Annotated[
+    int, typer.Option("--threads", min=1, help="torch threads (the actor's default is 1).")
+]
+SeedOption = Annotated[int, typer.Option("--seed", min=0, help="Seed for prompts, sampling and rollouts.")]
+ModelOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--model-path",
+        help="Local Hugging Face model directory (default: the embedded warm-started model, built if "
+        "missing).",
+    ),
+]
+RunDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--run-dir", help="A finished run directory (runs/<run-id>) to take the pipeline's rates from."
+    ),
+]
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Progress]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        yield progress
+
+
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}", soft_wrap=True, highlight=False)
+    return typer.Exit(2)
+
+
+def _model_path(model_path: Path | None) -> Path:
+    if model_path is not None:
+        path = model_path.expanduser()
+        if not (path / "config.json").is_file():
+            raise _fail(f"--model-path {str(path)!r} is not a Hugging Face model directory (no config.json)")
+        return path
+    from pipelinerl.platform.config import PipelineConfig
+    from pipelinerl.workers.launcher import resolve_model
+
+    return resolve_model(PipelineConfig(), console=console)
+
+
+def _finish(
+    name: str,
+    result: dict[str, Any],
+    *,
+    targets: dict,
+    settings: dict,
+    out: Path | None,
+    load_before: list[float],
+    started_at: datetime,
+    render: Any,
+) -> None:
+    from pipelinerl.workers.bench.report import build_record, default_path, write_record
+
+    record = build_record(
+        name,
+        headline=result["headline"],
+        settings=settings,
+        details=result["details"],
+        targets=targets,
+        notes=result["notes"],
+        load_before=load_before,
+        started_at=started_at,
+    )
+    path = write_record(record, out or default_path(name))
+    console.print(render(record), markup=False, highlight=False, soft_wrap=True)
+    load = record["load_average"]
+    console.print(
+        f"\nload average (1/5/15 min) before {load['before']}, after {load['after']} on "
+        f"{record['machine']['usable_cores']} cores; written to {path}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@bench_app.command()
+def engine(
+    engine_name: Annotated[
+        str, typer.Option("--engine", help="Inference engine to measure.")
+    ] = "transformers",
+    in_flight: Annotated[
+        int | None,
+        typer.Option("--in-flight", min=1, help="H: sequences in flight, and the static batch size."),
+    ] = None,
+    prompts: Annotated[
+        int | None,
+        typer.Option("--prompts", min=1, help="Prompts in the workload (each sampled G = 4 times)."),
+    ] = None,
+    update_interval: Annotated[
+        float | None,
+        typer.Option(
+            "--update-interval",
+            min=0.01,
+            help="Seconds between in-flight weight updates (default: the run's step time with --run-dir, "
+            "else the main job's measured 0.88 s).",
+        ),
+    ] = None,
+    repeats: Annotated[
+        int | None,
+        typer.Option("--repeats", min=1, help="Repeats of each measurement (medians are reported)."),
+    ] = None,
+    run_dir: RunDirOption = None,
+    model_path: ModelOption = None,
+    quick: QuickOption = False,
+    threads: ThreadsOption = 1,
+    seed: SeedOption = 0,
+    out: OutOption = None,
+) -> None:
+    """Continuous batching (H in flight) against static `generate` batches; the in-flight update pause."""
+    from pipelinerl.workers.bench.engine import ENGINES
+
+    if engine_name not in ENGINES:
+        raise _fail(f"--engine {engine_name!r} is not available; valid: {', '.join(sorted(ENGINES))}")
+    from pipelinerl.workers.bench.report import load_average, target_check
+
+    load_before, started_at = load_average(), datetime.now(UTC)
+    from pipelinerl.workers.bench.engine import (
+        EngineBenchSettings,
+        render_engine_table,
+        run_engine_bench,
+        step_interval_from_run_dir,
+    )
+
+    overrides: dict[str, Any] = {"engine": engine_name, "seed": seed, "threads": threads}
+    if in_flight is not None:
+        overrides["in_flight"] = in_flight
+    if prompts is not None:
+        overrides["num_prompts"] = prompts
+    if repeats is not None:
+        overrides["repeats"] = repeats
+    if update_interval is not None:
+        overrides.update(update_interval_s=update_interval, update_interval_source="--update-interval")
+    elif run_dir is not None:
+        try:
+            interval, source = step_interval_from_run_dir(run_dir)
+        except (FileNotFoundError, ValueError) as error:
+            raise _fail(str(error)) from None
+        overrides.update(update_interval_s=interval, update_interval_source=source)
+    settings = EngineBenchSettings.quick(**overrides) if quick else EngineBenchSettings(**overrides)
+    path = _model_path(model_path)
+    with _progress() as progress:
+        result = run_engine_bench(path, settings, progress)
+    headline = result["headline"]
+    targets = {
+        "continuous_over_static_ratio": target_check(headline["continuous_over_static_ratio"], at_least=1.5),
+        "update_pause_fraction": target_check(headline["update_pause_fraction"], below=0.01),
+    }
+    from dataclasses import asdict
+
+    _finish(
+        "engine",
+        result,
+        targets=targets,
+        settings={**asdict(settings), "quick": quick},
+        out=out,
+        load_before=load_before,
+        started_at=started_at,
+        render=render_engine_table,
+    )
+
+
+@bench_app.command()
+def transport(
+    run_dir: RunDirOption = None,
+    engine_json: Annotated[
+        Path | None,
+        typer.Option(
+            "--engine-json",
+            help="An engine benchmark record for the actor's rate (default: docs/benchmarks/engine.json if "
+            "present; else the engine is measured now).",
+        ),
+    ] = None,
+    model_path: ModelOption = None,
+    quick: QuickOption = False,
+    threads: ThreadsOption = 1,
+    seed: SeedOption = 0,
+    out: OutOption = None,
+) -> None:
+    """Rollouts/s, MB/s and latency of the ZeroMQ path against raw pyzmq; headroom over the actor."""
+    from pipelinerl.workers.bench.report import default_path, load_average, target_check
+
+    load_before, started_at = load_average(), datetime.now(UTC)
+    from pipelinerl.workers.bench.transport import (
+        TransportBenchSettings,
+        actor_rate_from_engine_json,
+        actor_rate_from_run_dir,
+        measure_actor_rate,
+        render_transport_table,
+        run_transport_bench,
+    )
+
+    settings = TransportBenchSettings.quick(seed=seed) if quick else TransportBenchSettings(seed=seed)
+    with _progress() as progress:
+        try:
+            if run_dir is not None:
+                actor_rate = actor_rate_from_run_dir(run_dir)
+            elif engine_json is not None or default_path("engine").is_file():
+                actor_rate = actor_rate_from_engine_json(engine_json or default_path("engine"))
+            else:
+                actor_rate = measure_actor_rate(_model_path(model_path), threads, quick, progress)
+        except (FileNotFoundError, ValueError, KeyError) as error:
+            raise _fail(str(error)) from None
+        result = run_transport_bench(settings, actor_rate, progress)
+    from dataclasses import asdict
+
+    _finish(
+        "transport",
+        result,
+        targets={"headroom_over_actor": target_check(result["headline"]["headroom_over_actor"], at_least=20)},
+        settings={**asdict(settings), "quick": quick, "threads": threads},
+        out=out,
+        load_before=load_before,
+        started_at=started_at,
+        render=render_transport_table,
+    )

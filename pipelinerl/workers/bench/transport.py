@@ -1,0 +1,647 @@
+"""``pipelinerl bench transport``: rollouts through the platform's ZeroMQ path against raw pyzmq.
+
+Run: ``pipelinerl bench transport [--run-dir runs/<id>] [--quick]``; writes
+``docs/benchmarks/transport.json``.
+
+The platform path is exactly what the actor and the preprocessor run: a ``wire.Rollout`` encoded
+by ``wire.encode`` (msgpack header + one raw frame per array) and sent by ``transport.Sender``
+(PUSH, connecting, the actor's send-then-wait pattern), received by ``transport.Receiver`` (PULL,
+bound) and decoded and validated by ``wire.decode``. The baseline sends the *same bytes* (the
+frames encoded once beforehand) with bare pyzmq sockets and receives them without decoding, so the
+difference is the platform's framing: encoding, validation, decoding and its socket wrappers.
+
+The receiving (or echoing) side is a separate process, as the preprocessor is. Rollout sizes:
+
+* ``embedded``: the embedded task's prompts and reference completions (+ EOS), 4 to 80 tokens;
+* ``1k`` / ``8k``: 256 prompt and 1,024 / 8,192 completion tokens, token ids of a 150k vocabulary,
+  4 characters of completion text per token (long-form reasoning with a BPE tokenizer).
+
+Measurements per size and path: throughput (N rollouts pushed as fast as the socket takes them;
+rollouts/s and MB/s of frames, timed from the first send to the last receive on one monotonic
+clock) and latency (ping-pong: the peer echoes each rollout back, decoding and re-encoding it on
+the platform path; one-way latency = round trip / 2, p50 and p99).
+
+``headroom_over_actor`` = platform rollouts/s for ``embedded`` rollouts / the rate at which the
+actor produces rollouts, taken from (first that applies): a run directory's actor records
+(``--run-dir``), an engine benchmark's record (``--engine-json``, default
+``docs/benchmarks/engine.json`` when present), or a short continuous-batching run of the
+transformers engine on the embedded model, measured now. The record names the source.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pipelinerl.platform.wire import Rollout, encode
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+LONG_VOCAB = 150_000  # token ids of long rollouts span a Qwen-sized vocabulary
+CHARS_PER_TOKEN = 4  # completion text per token of a BPE tokenizer on English/maths
+PEER_START_TIMEOUT_S = 60.0
+MEASUREMENT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class RolloutShape:
+    name: str
+    prompt_tokens: int | None  # None: the embedded task's own lengths
+    completion_tokens: int | None
+    throughput_count: int  # rollouts per throughput measurement (full run)
+    latency_count: int  # round trips per latency measurement (full run)
+
+
+SHAPES: tuple[RolloutShape, ...] = (
+    RolloutShape("embedded", None, None, throughput_count=20_000, latency_count=2_000),
+    RolloutShape("1k", 256, 1024, throughput_count=10_000, latency_count=1_000),
+    RolloutShape("8k", 256, 8192, throughput_count=2_000, latency_count=500),
+)
+QUICK_DIVISOR = 20  # --quick measures 1/20 of the full counts
+
+
+@dataclass(frozen=True)
+class TransportBenchSettings:
+    shapes: tuple[RolloutShape, ...] = SHAPES
+    count_divisor: int = 1
+    repeats: int = 3
+    warmup: int = 50
+    high_water_mark: int = 32  # the run's transport.queue_size
+    seed: int = 0
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> TransportBenchSettings:
+        values: dict[str, Any] = dict(count_divisor=QUICK_DIVISOR, repeats=1, warmup=10)
+        values.update(overrides)
+        return cls(**values)
+
+    def throughput_count(self, shape: RolloutShape) -> int:
+        return max(20, shape.throughput_count // self.count_divisor)
+
+    def latency_count(self, shape: RolloutShape) -> int:
+        return max(20, shape.latency_count // self.count_divisor)
+
+
+# ----- rollouts like the actor's -----
+
+
+def build_rollouts(shape: RolloutShape, count: int, seed: int) -> list[Rollout]:
+    """``count`` distinct rollouts of ``shape``, built as the actor builds them."""
+    rng = np.random.default_rng(seed)
+    text_rng = random.Random(seed)
+    if shape.prompt_tokens is None:
+        pairs = _embedded_sequences(count, seed)
+    else:
+        assert shape.completion_tokens is not None
+        pairs = [
+            (
+                rng.integers(0, LONG_VOCAB, shape.prompt_tokens).tolist(),
+                rng.integers(0, LONG_VOCAB, shape.completion_tokens).tolist(),
+                "".join(
+                    text_rng.choices(
+                        "abcdefghij klmnop=+0123456789\n", k=CHARS_PER_TOKEN * shape.completion_tokens
+                    )
+                ),
+            )
+            for _ in range(count)
+        ]
+    rollouts = []
+    for index, (prompt, completion, text) in enumerate(pairs):
+        n_tokens = len(completion)
+        # Versions as in a pipeline run: a sequence started under v and finished under v + 1 or v + 2.
+        switches = np.sort(rng.integers(0, n_tokens + 1, 2))
+        versions = 100 + (np.arange(n_tokens) >= switches[0]) + (np.arange(n_tokens) >= switches[1])
+        rollouts.append(
+            Rollout(
+                rollout_id=f"{rng.integers(0, 2**63):032x}",
+                run_id="20261122-0000-bench",
+                group_id=f"{index // 4:032x}",
+                group_size=4,
+                problem_id=f"arithmetic-train-0-{index}",
+                split="train",
+                actor_id=0,
+                prompt_token_ids=np.asarray(prompt, dtype=np.int32),
+                completion_token_ids=np.asarray(completion, dtype=np.int32),
+                behaviour_logprobs=-rng.exponential(0.5, n_tokens).astype(np.float32),
+                token_versions=versions.astype(np.int32),
+                finished=True,
+                completion_text=text,
+                created_at=time.time(),
+            )
+        )
+    return rollouts
+
+
+def _embedded_sequences(count: int, seed: int) -> list[tuple[list[int], list[int], str]]:
+    from pipelinerl.tasks import get_task
+    from pipelinerl.tasks.tokenizer import build_tokenizer, encode_completion, encode_prompt
+
+    task = get_task("arithmetic")
+    tokenizer = build_tokenizer()
+    sequences = []
+    for problem in task.problems("train", count, seed):
+        completion = task.reference_completion(problem)
+        sequences.append(
+            (
+                encode_prompt(tokenizer, problem.prompt),
+                encode_completion(tokenizer, completion),
+                completion,
+            )
+        )
+    return sequences
+
+
+def message_bytes(frames: list[Any]) -> int:
+    return sum(memoryview(frame).nbytes for frame in frames)
+
+
+# ----- the peer process (the preprocessor's side) -----
+
+
+def _peer_main(control: Connection) -> None:
+    """Serve measurement commands from ``control`` until it sends None (runs in a child process)."""
+    import zmq
+
+    from pipelinerl.platform.transport import Receiver, Sender
+
+    context = zmq.Context()
+    try:
+        while (command := control.recv()) is not None:
+            kind, path, total, high_water_mark = command
+            if kind == "sink" and path == "platform":
+                with Receiver(
+                    context, "tcp://127.0.0.1:*", "pull", bind=True, high_water_mark=high_water_mark
+                ) as receiver:
+                    control.send(receiver.address)
+                    warm = control.recv()
+                    for _ in range(warm):
+                        receiver.recv()
+                    control.send("warm")
+                    for _ in range(total):
+                        receiver.recv()
+                    control.send(time.perf_counter())
+            elif kind == "sink":
+                with _raw_socket(context, zmq.PULL, high_water_mark) as socket:
+                    socket.bind("tcp://127.0.0.1:*")
+                    control.send(socket.getsockopt_string(zmq.LAST_ENDPOINT))
+                    warm = control.recv()
+                    for _ in range(warm):
+                        socket.recv_multipart(copy=False)
+                    control.send("warm")
+                    for _ in range(total):
+                        socket.recv_multipart(copy=False)
+                    control.send(time.perf_counter())
+            elif kind == "echo" and path == "platform":
+                with Receiver(
+                    context, "tcp://127.0.0.1:*", "pull", bind=True, high_water_mark=high_water_mark
+                ) as receiver:
+                    control.send(receiver.address)
+                    with Sender(
+                        context, control.recv(), "push", bind=False, high_water_mark=high_water_mark
+                    ) as sender:
+                        for _ in range(total):
+                            message = receiver.recv()
+                            assert message is not None
+                            sender.send(message)
+                        control.recv()  # the last echo arrived: closing now drops nothing (LINGER 0)
+            else:
+                with (
+                    _raw_socket(context, zmq.PULL, high_water_mark) as pull,
+                    _raw_socket(context, zmq.PUSH, high_water_mark) as push,
+                ):
+                    pull.bind("tcp://127.0.0.1:*")
+                    control.send(pull.getsockopt_string(zmq.LAST_ENDPOINT))
+                    push.connect(control.recv())
+                    for _ in range(total):
+                        push.send_multipart(pull.recv_multipart(copy=False), copy=False)
+                    control.recv()  # the last echo arrived: closing now drops nothing (LINGER 0)
+    finally:
+        context.destroy(linger=0)
+
+
+def _raw_socket(context: Any, socket_type: int, high_water_mark: int) -> Any:
+    """A bare pyzmq socket with the platform's options (same queues, no linger)."""
+    import zmq
+
+    socket = context.socket(socket_type)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDHWM, high_water_mark)
+    socket.setsockopt(zmq.RCVHWM, high_water_mark)
+    if socket_type == zmq.PUSH:
+        socket.setsockopt(zmq.IMMEDIATE, 1)
+    return socket
+
+
+class Peer:
+    """The child process that receives or echoes, and the pipe that drives it."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")  # no fork of a process that may hold torch threads
+        self.control, child_end = context.Pipe()
+        self.process = context.Process(target=_peer_main, args=(child_end,), name="bench-transport-peer")
+        self.process.start()
+        child_end.close()
+
+    def recv(self, timeout_s: float = MEASUREMENT_TIMEOUT_S) -> Any:
+        if not self.control.poll(timeout_s):
+            raise TimeoutError(f"the transport peer process did not answer within {timeout_s:g} s")
+        return self.control.recv()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # the peer may be gone already
+            self.control.send(None)
+        self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=5)
+        self.control.close()
+
+
+# ----- measurements (this process is the actor's side) -----
+
+
+def measure_throughput(
+    peer: Peer,
+    path: str,
+    rollouts: list[Rollout],
+    count: int,
+    settings: TransportBenchSettings,
+    on_progress: Callable[[int], None] | None = None,
+) -> dict[str, float]:
+    """Push ``count`` rollouts (cycling through ``rollouts``); rollouts/s and MB/s at the receiver."""
+    import zmq
+
+    from pipelinerl.platform.transport import Sender
+
+    encoded = [[bytes(frame) for frame in encode(rollout)] for rollout in rollouts]
+    total_bytes = sum(message_bytes(encoded[index % len(encoded)]) for index in range(count))
+    context = zmq.Context()
+    try:
+        peer.control.send(("sink", path, count, settings.high_water_mark))
+        address = peer.recv(PEER_START_TIMEOUT_S)
+        if path == "platform":
+            sender = Sender(context, address, "push", bind=False, high_water_mark=settings.high_water_mark)
+
+            def send(index: int) -> None:
+                rollout = rollouts[index % len(rollouts)]
+                # The actor's pattern: try at once, then wait in slices while the queue is full.
+                if not sender.send(rollout, timeout_s=0):
+                    while not sender.send(rollout, timeout_s=1.0):
+                        pass
+        else:
+            sender = _raw_socket(context, zmq.PUSH, settings.high_water_mark)
+            sender.connect(address)
+
+            def send(index: int) -> None:
+                sender.send_multipart(encoded[index % len(encoded)])
+
+        with sender:
+            peer.control.send(settings.warmup)
+            for index in range(settings.warmup):
+                send(index)
+            peer.recv()  # "warm": the peer has received the warm-up messages
+            started = time.perf_counter()
+            step = max(1, count // 50)
+            for index in range(count):
+                send(index)
+                if on_progress is not None and (index + 1) % step == 0:
+                    on_progress(step)
+            last_received = peer.recv()
+    finally:
+        context.destroy(linger=0)
+    elapsed = last_received - started
+    return {
+        "rollouts": count,
+        "seconds": elapsed,
+        "rollouts_per_s": count / elapsed,
+        "mb_per_s": total_bytes / elapsed / 1e6,
+    }
+
+
+def measure_latency(
+    peer: Peer,
+    path: str,
+    rollouts: list[Rollout],
+    count: int,
+    settings: TransportBenchSettings,
+    on_progress: Callable[[int], None] | None = None,
+) -> dict[str, float]:
+    """Ping-pong ``count`` rollouts through the echoing peer; one-way latency = round trip / 2."""
+    import zmq
+
+    from pipelinerl.platform.transport import Receiver, Sender
+
+    encoded = [[bytes(frame) for frame in encode(rollout)] for rollout in rollouts]
+    warmup = settings.warmup
+    context = zmq.Context()
+    round_trips: list[float] = []
+    try:
+        peer.control.send(("echo", path, warmup + count, settings.high_water_mark))
+        peer_address = peer.recv(PEER_START_TIMEOUT_S)
+        if path == "platform":
+            receiver = Receiver(
+                context, "tcp://127.0.0.1:*", "pull", bind=True, high_water_mark=settings.high_water_mark
+            )
+            sender = Sender(
+                context, peer_address, "push", bind=False, high_water_mark=settings.high_water_mark
+            )
+            own_address = receiver.address
+
+            def round_trip(index: int) -> None:
+                sender.send(rollouts[index % len(rollouts)])
+                if receiver.recv(timeout_s=MEASUREMENT_TIMEOUT_S) is None:
+                    raise TimeoutError(f"no echo within {MEASUREMENT_TIMEOUT_S:g} s")
+        else:
+            receiver = _raw_socket(context, zmq.PULL, settings.high_water_mark)
+            receiver.bind("tcp://127.0.0.1:*")
+            sender = _raw_socket(context, zmq.PUSH, settings.high_water_mark)
+            sender.connect(peer_address)
+            own_address = receiver.getsockopt_string(zmq.LAST_ENDPOINT)
+
+            def round_trip(index: int) -> None:
+                sender.send_multipart(encoded[index % len(encoded)])
+                if not receiver.poll(MEASUREMENT_TIMEOUT_S * 1000):
+                    raise TimeoutError(f"no echo within {MEASUREMENT_TIMEOUT_S:g} s")
+                receiver.recv_multipart(copy=False)
+
+        with sender, receiver:
+            peer.control.send(own_address)
+            for index in range(warmup):
+                round_trip(index)
+            step = max(1, count // 50)
+            for index in range(count):
+                started = time.perf_counter()
+                round_trip(index)
+                round_trips.append(time.perf_counter() - started)
+                if on_progress is not None and (index + 1) % step == 0:
+                    on_progress(step)
+            peer.control.send("close")
+    finally:
+        context.destroy(linger=0)
+    one_way_us = np.asarray(round_trips) / 2 * 1e6
+    return {
+        "round_trips": count,
+        "one_way_us_p50": float(np.percentile(one_way_us, 50)),
+        "one_way_us_p99": float(np.percentile(one_way_us, 99)),
+        "one_way_us_mean": float(one_way_us.mean()),
+    }
+
+
+# ----- the actor's rate -----
+
+
+@dataclass(frozen=True)
+class ActorRate:
+    rollouts_per_s: float
+    tokens_per_s: float  # completion tokens
+    source: str  # run_dir | engine_json | measured_engine
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rollouts_per_s": self.rollouts_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "source": self.source,
+            "detail": self.detail,
+        }
+
+
+def actor_rate_from_run_dir(run_dir: Path) -> ActorRate:
+    """The actors' production rate in a finished run: generated tokens over time, per completion length.
+
+    Actor records (``actor<k>.jsonl``, one per loaded update) carry the cumulative
+    ``actor/tokens_generated`` and a wall-clock ``time``; the trainer's ``metrics.jsonl`` carries
+    the mean completion length of what was trained, which turns tokens/s into rollouts/s.
+    """
+    actor_files = sorted(run_dir.glob("actor*.jsonl"))
+    metrics_path = run_dir / "metrics.jsonl"
+    if not actor_files or not metrics_path.is_file():
+        raise FileNotFoundError(
+            f"{run_dir} has no actor*.jsonl or metrics.jsonl: --run-dir must be a finished run directory "
+            "(runs/<run-id>)"
+        )
+    tokens_per_s = 0.0
+    for path in actor_files:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if len(records) < 2:
+            raise ValueError(f"{path} has {len(records)} records; need at least 2 to time the actor")
+        first, last = records[0], records[-1]
+        tokens_per_s += (last["actor/tokens_generated"] - first["actor/tokens_generated"]) / (
+            last["time"] - first["time"]
+        )
+    steps = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    trained_tokens = sum(step["tokens"] for step in steps)
+    trained_samples = sum(step["samples"] for step in steps)
+    if not trained_samples:
+        raise ValueError(f"{metrics_path} records no trained samples")
+    mean_completion = trained_tokens / trained_samples
+    return ActorRate(
+        rollouts_per_s=tokens_per_s / mean_completion,
+        tokens_per_s=tokens_per_s,
+        source="run_dir",
+        detail=f"{len(actor_files)} actor record file(s) in {run_dir}: {tokens_per_s:.0f} tokens/s, "
+        f"{mean_completion:.1f} completion tokens per trained sample",
+    )
+
+
+def actor_rate_from_engine_json(path: Path) -> ActorRate:
+    """The continuous-batching rate an engine benchmark measured (``pipelinerl bench engine``)."""
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"engine benchmark record {str(path)!r} does not exist (pipelinerl bench engine)"
+        )
+    record = json.loads(path.read_text())
+    try:
+        sequences_per_s = float(record["continuous_sequences_per_s"])
+        tokens_per_s = float(record["continuous_tokens_per_s"])
+    except KeyError as error:
+        raise ValueError(f"{path} is not an engine benchmark record (no {error.args[0]!r})") from None
+    settings = record.get("settings", {})
+    return ActorRate(
+        rollouts_per_s=sequences_per_s,
+        tokens_per_s=tokens_per_s,
+        source="engine_json",
+        detail=f"{path} ({record.get('timestamp')}, engine {settings.get('engine')}, "
+        f"H = {settings.get('in_flight')}, {settings.get('threads')} thread(s), commit "
+        f"{str(record.get('git_commit'))[:10]})",
+    )
+
+
+def measure_actor_rate(model_path: Path, threads: int, quick: bool, progress: Progress | None) -> ActorRate:
+    """A short continuous-batching run of the transformers engine at the actor's defaults."""
+    import torch
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    from pipelinerl.workers.bench.engine import ENGINES, EngineBenchSettings, build_workload, run_continuous
+
+    transformers_logging.disable_progress_bar()
+    torch.set_num_threads(threads)
+    settings = EngineBenchSettings.quick() if quick else EngineBenchSettings(num_prompts=32)
+    workload = build_workload(AutoTokenizer.from_pretrained(model_path), settings)
+    engine = ENGINES["transformers"](model_path, workload, settings.in_flight, settings.seed)
+    try:
+        task = (
+            None
+            if progress is None
+            else progress.add_task("actor rate: engine run", total=workload.num_sequences)
+        )
+        stats = run_continuous(
+            engine,
+            workload,
+            settings.in_flight,
+            on_progress=None if task is None or progress is None else lambda n: progress.advance(task, n),
+        )
+    finally:
+        engine.close()
+    return ActorRate(
+        rollouts_per_s=stats.sequences_per_s,
+        tokens_per_s=stats.useful_tokens_per_s,
+        source="measured_engine",
+        detail=f"transformers engine on {model_path}, H = {settings.in_flight}, {workload.num_sequences} "
+        f"sequences, {threads} thread(s), measured now",
+    )
+
+
+# ----- the benchmark -----
+
+
+def run_transport_bench(
+    settings: TransportBenchSettings, actor_rate: ActorRate, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Throughput and latency of both paths for every shape; the headline and details for the record."""
+    per_shape: dict[str, dict[str, Any]] = {}
+    peer = Peer()
+    try:
+        for shape in settings.shapes:
+            rollouts = build_rollouts(shape, 64, settings.seed)
+            sizes = [message_bytes(encode(rollout)) for rollout in rollouts]
+            entry: dict[str, Any] = {
+                "message_bytes_mean": float(np.mean(sizes)),
+                "completion_tokens_mean": float(np.mean([len(r.completion_token_ids) for r in rollouts])),
+            }
+            throughput_count = settings.throughput_count(shape)
+            latency_count = settings.latency_count(shape)
+            for path in ("platform", "raw"):
+                runs = []
+                for repeat in range(settings.repeats):
+                    task = (
+                        None
+                        if progress is None
+                        else progress.add_task(
+                            f"{shape.name}: {path} throughput ({repeat + 1})", total=throughput_count
+                        )
+                    )
+                    runs.append(
+                        measure_throughput(
+                            peer, path, rollouts, throughput_count, settings, _advance(progress, task)
+                        )
+                    )
+                best = statistics.median(run["rollouts_per_s"] for run in runs)
+                task = (
+                    None
+                    if progress is None
+                    else progress.add_task(f"{shape.name}: {path} latency", total=latency_count)
+                )
+                latency = measure_latency(
+                    peer, path, rollouts, latency_count, settings, _advance(progress, task)
+                )
+                entry[path] = {
+                    "rollouts_per_s": best,
+                    "mb_per_s": statistics.median(run["mb_per_s"] for run in runs),
+                    "throughput_runs": runs,
+                    **latency,
+                }
+            platform, raw = entry["platform"], entry["raw"]
+            entry["platform_over_raw_throughput"] = platform["rollouts_per_s"] / raw["rollouts_per_s"]
+            entry["added_latency_us_p50"] = platform["one_way_us_p50"] - raw["one_way_us_p50"]
+            entry["added_latency_us_p99"] = platform["one_way_us_p99"] - raw["one_way_us_p99"]
+            # At the actor's token rate, a rollout this long is produced this often.
+            actor_rollouts_per_s = actor_rate.tokens_per_s / entry["completion_tokens_mean"]
+            entry["headroom_at_actor_tokens_per_s"] = platform["rollouts_per_s"] / actor_rollouts_per_s
+            per_shape[shape.name] = entry
+    finally:
+        peer.close()
+    embedded = per_shape[settings.shapes[0].name]
+    headline = {
+        "headroom_over_actor": embedded["platform"]["rollouts_per_s"] / actor_rate.rollouts_per_s,
+        "actor_rollouts_per_s": actor_rate.rollouts_per_s,
+        "actor_rate_source": actor_rate.source,
+        "transport_rollouts_per_s": embedded["platform"]["rollouts_per_s"],
+        "transport_mb_per_s": embedded["platform"]["mb_per_s"],
+        "raw_rollouts_per_s": embedded["raw"]["rollouts_per_s"],
+        "added_latency_us_p50": embedded["added_latency_us_p50"],
+        "added_latency_us_p99": embedded["added_latency_us_p99"],
+    }
+    details = {"actor_rate": actor_rate.as_dict(), "shapes": per_shape}
+    notes = [
+        "platform: wire.encode + transport.Sender (PUSH, connect, the actor's send pattern) -> "
+        "transport.Receiver (PULL, bind) + wire.decode, receiver in a separate process; raw: the same "
+        "frames, encoded once beforehand, through bare pyzmq PUSH/PULL with the same options, not decoded.",
+        "throughput: median of the repeats, from the first send to the last receive; latency: "
+        "ping-pong through an echoing process (the platform path decodes and re-encodes), one way = "
+        "round trip / 2.",
+        f"headroom_over_actor = platform rollouts/s ({settings.shapes[0].name} rollouts) / the actor's "
+        f"rollouts/s from {actor_rate.source}: {actor_rate.detail}. headroom_at_actor_tokens_per_s "
+        "assumes the actor keeps its token rate on longer rollouts.",
+    ]
+    return {"headline": headline, "details": details, "notes": notes}
+
+
+def _advance(progress: Progress | None, task: Any) -> Callable[[int], None] | None:
+    if progress is None or task is None:
+        return None
+    return lambda n: progress.advance(task, n)
+
+
+def render_transport_table(record: dict[str, Any]) -> str:
+    from pipelinerl.workers.bench.report import markdown_table
+
+    rows = []
+    for name, entry in record["shapes"].items():
+        for path in ("platform", "raw"):
+            measured = entry[path]
+            rows.append(
+                [
+                    name,
+                    path,
+                    f"{entry['message_bytes_mean'] / 1e3:.1f}",
+                    measured["rollouts_per_s"],
+                    measured["mb_per_s"],
+                    measured["one_way_us_p50"],
+                    measured["one_way_us_p99"],
+                    entry["headroom_at_actor_tokens_per_s"] if path == "platform" else None,
+                ]
+            )
+    table = markdown_table(
+        [
+            "rollout",
+            "path",
+            "kB / rollout",
+            "rollouts/s",
+            "MB/s",
+            "one-way p50 (µs)",
+            "one-way p99 (µs)",
+            "headroom at the actor's tokens/s",
+        ],
+        rows,
+    )
+    target = record["targets"]["headroom_over_actor"]
+    verdict = {True: "met", False: "not met", None: "no value"}[target["met"]]
+    return (
+        f"{table}\n\nheadroom_over_actor = {record['headroom_over_actor']:,.0f}x "
+        f"(target ≥ {target['at_least']:g}x: {verdict}); actor {record['actor_rollouts_per_s']:.1f} "
+        f"rollouts/s from {record['actor_rate_source']}"
+    )

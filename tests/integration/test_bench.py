@@ -1,0 +1,126 @@
+"""``pipelinerl bench engine`` and ``bench transport`` run for real at their ``--quick`` sizes.
+
+They prove the benchmarks work end to end (real engine, real ``generate``, real ZeroMQ between
+processes, the JSON record and the table); the numbers at these sizes mean nothing, so nothing
+here asserts on speed. The engine runs on the small random test model to stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PIPELINERL = [sys.executable, "-m", "pipelinerl.cli"]
+RECORD_KEYS = (
+    "benchmark",
+    "command",
+    "timestamp",
+    "git_commit",
+    "machine",
+    "load_average",
+    "settings",
+    "notes",
+)
+
+
+def run_bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*PIPELINERL, "bench", *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def assert_positive_finite(record: dict[str, Any], keys: tuple[str, ...]) -> None:
+    for key in keys:
+        value = record[key]
+        assert isinstance(value, int | float) and math.isfinite(value) and value > 0, f"{key} = {value!r}"
+
+
+@pytest.fixture(scope="module")
+def engine_record(random_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("bench") / "engine.json"
+    result = run_bench(
+        "engine", "--quick", "--model-path", str(random_model_dir), "--out", str(out), cwd=out.parent
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out, result.stdout
+
+
+def test_bench_engine_quick_writes_its_record_and_table(engine_record: tuple[Path, str]) -> None:
+    path, stdout = engine_record
+    record = json.loads(path.read_text())
+    assert record["benchmark"] == "engine"
+    for key in RECORD_KEYS:
+        assert record[key], key
+    assert_positive_finite(
+        record,
+        (
+            "continuous_over_static_ratio",
+            "update_pause_fraction",
+            "update_pause_ms_median",
+            "update_pause_ms_p99",
+            "update_stall_ms_median",
+            "continuous_tokens_per_s",
+            "continuous_sequences_per_s",
+            "static_useful_tokens_per_s",
+            "static_raw_tokens_per_s",
+        ),
+    )
+    assert record["updates"]["count"] >= 1
+    assert record["settings"]["quick"] is True
+    assert set(record["targets"]) == {"continuous_over_static_ratio", "update_pause_fraction"}
+    assert "| continuous / static (useful tokens/s) |" in stdout
+
+
+def test_bench_transport_quick_against_the_engine_record(
+    engine_record: tuple[Path, str], tmp_path: Path
+) -> None:
+    engine_json, _ = engine_record
+    out = tmp_path / "transport.json"
+    result = run_bench(
+        "transport", "--quick", "--engine-json", str(engine_json), "--out", str(out), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "transport"
+    for key in RECORD_KEYS:
+        assert record[key], key
+    assert record["actor_rate_source"] == "engine_json"
+    assert_positive_finite(
+        record,
+        ("headroom_over_actor", "actor_rollouts_per_s", "transport_rollouts_per_s", "transport_mb_per_s"),
+    )
+    assert set(record["shapes"]) == {"embedded", "1k", "8k"}
+    for shape in record["shapes"].values():
+        for path in ("platform", "raw"):
+            assert_positive_finite(
+                shape[path], ("rollouts_per_s", "mb_per_s", "one_way_us_p50", "one_way_us_p99")
+            )
+    assert "headroom_over_actor =" in result.stdout
+
+
+def test_actor_rate_from_a_run_directory(tmp_path: Path) -> None:
+    from pipelinerl.workers.bench.transport import actor_rate_from_run_dir
+
+    actor_records = [
+        {"time": 100.0, "actor/tokens_generated": 1_000},
+        {"time": 110.0, "actor/tokens_generated": 6_000},
+    ]
+    (tmp_path / "actor0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in actor_records))
+    steps = [{"tokens": 1_600, "samples": 32, "time": 100.0}, {"tokens": 1_600, "samples": 32, "time": 101.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    rate = actor_rate_from_run_dir(tmp_path)
+    assert rate.source == "run_dir"
+    assert rate.tokens_per_s == pytest.approx(500.0)
+    assert rate.rollouts_per_s == pytest.approx(10.0)  # 500 tokens/s at 50 tokens per rollout
+
+
+def test_unknown_engine_is_refused_with_the_valid_ones(tmp_path: Path) -> None:
+    result = run_bench("engine", "--engine", "nope", "--quick", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "nope" in result.stdout and "transformers" in result.stdout
