@@ -240,7 +240,13 @@ class ClusterConfig(Section):
 
 
 class TransportConfig(Section):
-    host: str = Field("127.0.0.1", description="Address the sockets bind to (loopback only for now).")
+    host: str = Field(
+        "127.0.0.1",
+        description="Address of trainer node 0, where the run's sockets are bound and every other stage "
+        "connects. Loopback: plain TCP on one machine. Any other address: ZeroMQ traffic is encrypted and "
+        "authenticated with the run's CurveZMQ keys; the weight group and DeepSpeed's own traffic are not, "
+        "so keep them on a private cluster network.",
+    )
     base_port: int = Field(
         21100,
         ge=1024,
@@ -254,17 +260,20 @@ class TransportConfig(Section):
 
     @field_validator("host")
     @classmethod
-    def _loopback_only(cls, host: str) -> str:
-        try:
-            loopback = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = host == "localhost"
-        if not loopback:
+    def _an_address(cls, host: str) -> str:
+        if not host.strip() or any(c in host for c in "/:* "):
             raise ValueError(
-                f"host {host!r} is not a loopback address; binding beyond 127.0.0.1 needs CurveZMQ keys, "
-                "which this version does not configure"
+                f"host {host!r} is not an address: give an IP address or a host name "
+                "(e.g. 127.0.0.1, 10.0.0.5, trainer-0.cluster.local)"
             )
         return host
+
+    @property
+    def is_loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"
 
     def address(self, role: str) -> str:
         return f"tcp://{self.host}:{self.port(role)}"

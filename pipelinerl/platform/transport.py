@@ -16,16 +16,28 @@ Invariants:
   there (a message waits in the sender, where backpressure can see it, until a consumer connects).
 * ``LINGER`` is 0: closing a socket drops what it has not sent instead of hanging the process.
 * A socket is used by one thread at a time (ZeroMQ sockets are not thread-safe).
+
+Security: on loopback the sockets are plain TCP. A run whose ``transport.host`` is any other
+address (stages on several nodes) uses CurveZMQ: the launcher writes the run's key pairs under
+``<run_dir>/keys/`` (``create_curve_keys``), every binding socket serves with the server pair and
+admits only clients presenting the run's client key (a ZAP authenticator on its context), and every
+connecting socket presents that client key. Traffic is encrypted; a peer without the keys is refused
+during the handshake and its messages never reach the stage.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import math
+import os
 import socket
 import time
-from typing import Literal, Self
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Self
 from urllib.parse import urlsplit
 
 import zmq
@@ -89,6 +101,80 @@ def check_bindable(address: str, *, setting: str | None = None) -> None:
             raise OSError(error.errno, f"cannot bind {address}: {error.strerror}") from error
 
 
+KEYS_DIR = "keys"
+_SERVER, _CLIENT = "server", "client"
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """A run's CurveZMQ keys (Z85): binding sockets serve with the server pair, connecting ones
+    present the client pair; ``allowed_dir`` holds the public keys a server admits."""
+
+    server_public: bytes
+    server_secret: bytes
+    client_public: bytes
+    client_secret: bytes
+    allowed_dir: Path
+
+
+def create_curve_keys(run_dir: Path) -> Path:
+    """Write a new server and client key pair under ``<run_dir>/keys/`` (secrets readable by the
+    owner only) unless they exist; returns the directory."""
+    import zmq.auth
+
+    directory = run_dir / KEYS_DIR
+    if (directory / f"{_CLIENT}.key_secret").exists():
+        return directory
+    (directory / "allowed").mkdir(parents=True, exist_ok=True)
+    for name in (_SERVER, _CLIENT):
+        public_file, secret_file = zmq.auth.create_certificates(directory, name)
+        os.chmod(secret_file, 0o600)
+    (directory / "allowed" / f"{_CLIENT}.key").write_bytes((directory / f"{_CLIENT}.key").read_bytes())
+    return directory
+
+
+def run_keys(host: str, run_dir: Path) -> CurveKeys | None:
+    """The keys a stage of the run uses: None on loopback; else read from ``<run_dir>/keys/``."""
+    import zmq.auth
+
+    if is_loopback(host):
+        return None
+    directory = run_dir / KEYS_DIR
+    try:
+        server_public, server_secret = zmq.auth.load_certificate(directory / f"{_SERVER}.key_secret")
+        client_public, client_secret = zmq.auth.load_certificate(directory / f"{_CLIENT}.key_secret")
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"transport.host={host!r} is not loopback, so the sockets need the run's CurveZMQ keys in "
+            f"{directory} (the launcher writes them): {error}"
+        ) from None
+    if server_secret is None or client_secret is None:
+        raise ValueError(f"{directory} lacks a secret key")
+    return CurveKeys(server_public, server_secret, client_public, client_secret, directory / "allowed")
+
+
+_authenticators: weakref.WeakKeyDictionary[zmq.Context, Any] = weakref.WeakKeyDictionary()
+
+
+def _authenticate(context: zmq.Context, keys: CurveKeys) -> None:
+    """Admit only the run's client key on ``context``'s CURVE servers (one ZAP thread per context)."""
+    if context in _authenticators:
+        return
+    from zmq.auth.thread import ThreadAuthenticator
+
+    authenticator = ThreadAuthenticator(context, log=logging.getLogger("pipelinerl.transport.zap"))
+    authenticator.start()
+    authenticator.configure_curve(domain="*", location=str(keys.allowed_dir))
+    _authenticators[context] = authenticator
+
+
 class _Socket:
     """A configured ZeroMQ socket, bound or connected to ``address``."""
 
@@ -100,12 +186,22 @@ class _Socket:
         bind: bool,
         high_water_mark: int,
         setting: str | None,
+        keys: CurveKeys | None = None,
     ) -> None:
         if high_water_mark < 1:
             raise ValueError(f"high_water_mark must be >= 1 (messages), got {high_water_mark}")
         self.kind = kind
         self.socket: zmq.Socket = context.socket(_SOCKET_TYPES[kind])
         self.socket.setsockopt(zmq.LINGER, 0)
+        if keys is not None and bind:
+            _authenticate(context, keys)
+            self.socket.curve_server = True
+            self.socket.curve_secretkey = keys.server_secret
+            self.socket.curve_publickey = keys.server_public
+        elif keys is not None:
+            self.socket.curve_serverkey = keys.server_public
+            self.socket.curve_publickey = keys.client_public
+            self.socket.curve_secretkey = keys.client_secret
         self.socket.setsockopt(zmq.SNDHWM, high_water_mark)
         self.socket.setsockopt(zmq.RCVHWM, high_water_mark)
         if kind == "sub":
@@ -149,10 +245,11 @@ class Sender(_Socket):
         high_water_mark: int = DEFAULT_HIGH_WATER_MARK,
         *,
         setting: str | None = None,
+        keys: CurveKeys | None = None,
     ) -> None:
         if kind not in ("push", "pub"):
             raise ValueError(f"Sender kind must be 'push' or 'pub', got {kind!r}")
-        super().__init__(context, address, kind, bind, high_water_mark, setting)
+        super().__init__(context, address, kind, bind, high_water_mark, setting, keys)
         self.sent_count = 0
 
     def send(self, message: Message, timeout_s: float | None = None) -> bool:
@@ -195,10 +292,11 @@ class Receiver(_Socket):
         high_water_mark: int = DEFAULT_HIGH_WATER_MARK,
         *,
         setting: str | None = None,
+        keys: CurveKeys | None = None,
     ) -> None:
         if kind not in ("pull", "sub"):
             raise ValueError(f"Receiver kind must be 'pull' or 'sub', got {kind!r}")
-        super().__init__(context, address, kind, bind, high_water_mark, setting)
+        super().__init__(context, address, kind, bind, high_water_mark, setting, keys)
         self.received_count = 0
         self.malformed_count = 0
 

@@ -79,7 +79,7 @@ class Actor:
         import zmq
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from pipelinerl.platform.transport import Receiver, Sender
+        from pipelinerl.platform.transport import Receiver, Sender, run_keys
         from pipelinerl.platform.weights import WeightGroup
         from pipelinerl.tasks import get_task
         from pipelinerl.tasks.tokenizer import encode_prompt
@@ -110,14 +110,16 @@ class Actor:
         )
         transport = config.transport
         self.context = zmq.Context()
+        keys = run_keys(transport.host, run_dir)
         self.rollouts = Sender(
             self.context,
             transport.address("rollouts"),
             "push",
             bind=False,
             high_water_mark=transport.queue_size,
+            keys=keys,
         )
-        self.notices = Receiver(self.context, transport.address("weights"), "sub", bind=False)
+        self.notices = Receiver(self.context, transport.address("weights"), "sub", bind=False, keys=keys)
         self.weight_group = WeightGroup(
             transport.host, transport.port("weight_group"), 1 + actor_id, 1 + config.actor.num_actors
         )

@@ -82,8 +82,9 @@ def preflight(config: PipelineConfig) -> None:
     """Fail before any process starts: ports in use, unreachable tracking stores, a bad checkpoint."""
     from pipelinerl.platform.transport import check_bindable
 
-    for address in config.transport.all_bound_addresses(config.trainer.num_processes):
-        check_bindable(address, setting="transport.base_port")
+    if config.cluster.placement == "local":  # placed on the pools, the ports are on trainer node 0
+        for address in config.transport.all_bound_addresses(config.trainer.num_processes):
+            check_bindable(address, setting="transport.base_port")
     if config.tracking.enabled:  # an unreachable store fails now, not after the model is prepared
         from pipelinerl.platform.db import database_url
         from pipelinerl.platform.tracking import check_reachable, mlflow_uri
@@ -252,6 +253,10 @@ def launch(
     run_dir = (config.run.output_dir / (run_id or new_run_id(config.run.mode))).resolve()
     run_dir.mkdir(parents=True, exist_ok=False)
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    if not config.transport.is_loopback:
+        from pipelinerl.platform.transport import create_curve_keys
+
+        create_curve_keys(run_dir)  # stages on other nodes read them from the shared run directory
     tracker = None
     if config.tracking.enabled:
         from pipelinerl.platform.tracking import RunTracker

@@ -110,7 +110,7 @@ class BatchBuilder:
 def run(config: PipelineConfig, run_dir: Path) -> None:
     import zmq
 
-    from pipelinerl.platform.transport import Receiver, Sender
+    from pipelinerl.platform.transport import Receiver, Sender, run_keys
 
     task = get_task(config.task.name)
     problems = {p.problem_id: p for p in task.problems("train", config.task.train_problems, config.run.seed)}
@@ -124,16 +124,24 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
     )
     context = zmq.Context()
     transport = config.transport
+    keys = run_keys(transport.host, run_dir)
     rollouts = Receiver(
-        context, transport.address("rollouts"), "pull", bind=True, high_water_mark=transport.queue_size
+        context,
+        transport.address("rollouts"),
+        "pull",
+        bind=True,
+        high_water_mark=transport.queue_size,
+        keys=keys,
     )
     # A small queue towards each trainer rank: when it is busy, rollouts back up to the actors.
     # Shard i of the stream goes to rank i % ranks, so every optimizer step trains B sequences.
+    # The preprocessor binds them (every bound socket of a run is on trainer node 0, at
+    # transport.host); each rank connects to its own.
     inboxes = [
-        Sender(context, transport.trainer_inbox(rank), "push", bind=False, high_water_mark=1)
+        Sender(context, transport.trainer_inbox(rank), "push", bind=True, high_water_mark=1, keys=keys)
         for rank in range(config.trainer.num_processes)
     ]
-    notices = Receiver(context, transport.address("weights"), "sub", bind=False)
+    notices = Receiver(context, transport.address("weights"), "sub", bind=False, keys=keys)
     metrics = JsonlWriter(run_dir / "preprocessor.jsonl")
     try:
         while True:

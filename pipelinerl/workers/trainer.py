@@ -87,7 +87,7 @@ class Trainer:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from pipelinerl.platform.transport import Receiver, Sender
+        from pipelinerl.platform.transport import Receiver, Sender, run_keys
         from pipelinerl.platform.weights import WeightGroup
 
         self.config = config
@@ -116,18 +116,15 @@ class Trainer:
 
         self.zmq_context = zmq.Context()
         transport = config.transport
-        # The trainer binds its inbox; with several ranks, PUSH hands batches out round-robin.
+        keys = run_keys(transport.host, run_dir)
+        # Each rank connects to the inbox the preprocessor binds for it.
         self.batches = Receiver(
-            self.zmq_context,
-            transport.trainer_inbox(rank),
-            "pull",
-            bind=True,
-            high_water_mark=1,
+            self.zmq_context, transport.trainer_inbox(rank), "pull", bind=False, high_water_mark=1, keys=keys
         )
         self.notices: Sender | None = None
         self.weight_group: WeightGroup | None = None
         if rank == 0:
-            self.notices = Sender(self.zmq_context, transport.address("weights"), "pub", bind=True)
+            self.notices = Sender(self.zmq_context, transport.address("weights"), "pub", bind=True, keys=keys)
             self.weight_group = WeightGroup(
                 transport.host, transport.port("weight_group"), 0, 1 + config.actor.num_actors
             )

@@ -10,6 +10,7 @@ per-token data it saved for the same step.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -140,13 +141,47 @@ def test_malformed_frames_are_rejected_and_the_run_continues(tmp_path, random_mo
         time.sleep(0.2)
     assert metrics.exists(), "the run never started training"
     send_garbage(config.transport.address("rollouts"), 5)
+    # The trainer's inbox is a PUSH the preprocessor binds: a stranger's PUSH cannot even connect
+    # to it (ZeroMQ refuses the socket-type pair), so nothing reaches the trainer that way.
     send_garbage(config.transport.trainer_inbox(0), 5)
     thread.join(timeout=300)
     result = outcome["result"]
     assert result.summary["steps"] == 5
     logs = result.run_dir / "logs"
-    assert "malformed" in (logs / "preprocessor.log").read_text()
-    assert "malformed" in (logs / "trainer0.log").read_text()
+    assert "skipped a malformed message" in (logs / "preprocessor.log").read_text()
+    assert "skipped a malformed message" not in (logs / "trainer0.log").read_text()
+
+
+def non_loopback_ipv4() -> str | None:
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return address.address
+    return None
+
+
+def test_a_run_beyond_loopback_is_encrypted_and_refuses_strangers(tmp_path, random_model_dir):
+    """transport.host on the machine's network address, as a run across nodes has it: CurveZMQ."""
+    host = non_loopback_ipv4()
+    if host is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    config = small_config(tmp_path, random_model_dir, f"transport.host={host}", "run.max_steps=5")
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(result=launch(config, run_id="curve")))
+    thread.start()
+    metrics = tmp_path / "curve" / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not metrics.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert metrics.exists(), "the run never started training"
+    send_garbage(config.transport.address("rollouts"), 5)  # no keys: refused in the handshake
+    thread.join(timeout=300)
+    result = outcome["result"]
+    assert result.summary["steps"] == 5 and result.summary["inflight_sequences"] > 0
+    assert oct((result.run_dir / "keys" / "client.key_secret").stat().st_mode & 0o777) == "0o600"
+    assert "skipped a malformed message" not in (result.run_dir / "logs" / "preprocessor.log").read_text()
 
 
 def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random_model_dir):

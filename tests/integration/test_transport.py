@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 import zmq
 
-from pipelinerl.platform.transport import PortInUseError, Receiver, Sender, check_bindable
+from pipelinerl.platform.transport import (
+    PortInUseError,
+    Receiver,
+    Sender,
+    check_bindable,
+    create_curve_keys,
+    run_keys,
+)
 from pipelinerl.platform.wire import (
     Message,
     Rollout,
@@ -278,3 +285,87 @@ def test_close_is_idempotent(context: zmq.Context) -> None:
     sender.close()
     sender.close()
     assert sender.socket.closed
+
+
+# --- CurveZMQ: what a run whose transport.host is not loopback uses ---
+
+
+def non_loopback_ipv4() -> str | None:
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return address.address
+    return None
+
+
+def test_curve_keys_are_written_once_with_private_secrets(tmp_path) -> None:
+    import stat
+
+    directory = create_curve_keys(tmp_path)
+    secret = directory / "client.key_secret"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE((directory / "server.key_secret").stat().st_mode) == 0o600
+    before = secret.read_bytes()
+    create_curve_keys(tmp_path)
+    assert secret.read_bytes() == before, "a restart keeps the run's keys"
+    assert run_keys("127.0.0.1", tmp_path) is None, "loopback stays plain TCP"
+    keys = run_keys("10.0.0.5", tmp_path)
+    assert keys is not None and keys.server_public != keys.client_public
+    with pytest.raises(ValueError, match="not loopback.*CurveZMQ keys"):
+        run_keys("10.0.0.5", tmp_path / "elsewhere")
+
+
+@pytest.mark.parametrize("kind", ["push-pull", "pub-sub"])
+def test_curve_round_trip_on_a_non_loopback_address(context: zmq.Context, tmp_path, kind: str) -> None:
+    host = non_loopback_ipv4()
+    if host is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    keys = run_keys(host, create_curve_keys(tmp_path).parent)
+    if kind == "push-pull":
+        server = Receiver(context, f"tcp://{host}:*", "pull", bind=True, keys=keys)
+        client = Sender(context, server.address, "push", bind=False, keys=keys)
+    else:
+        server = Sender(context, f"tcp://{host}:*", "pub", bind=True, keys=keys)  # type: ignore[assignment]
+        client = Receiver(context, server.address, "sub", bind=False, keys=keys)  # type: ignore[assignment]
+    receiver = server if isinstance(server, Receiver) else client
+    sender = client if isinstance(client, Sender) else server
+    with server, client:
+        deadline = time.monotonic() + 10
+        received = None
+        while received is None and time.monotonic() < deadline:  # PUB drops until SUB has joined
+            assert sender.send(make_rollout(7), timeout_s=5)
+            received = receiver.recv(timeout_s=0.2)
+        assert isinstance(received, Rollout) and received.rollout_id == make_rollout(7).rollout_id
+
+
+def test_a_peer_without_the_run_keys_is_refused(context: zmq.Context, tmp_path) -> None:
+    keys = run_keys("10.0.0.5", create_curve_keys(tmp_path / "run").parent)
+    strangers = run_keys("10.0.0.5", create_curve_keys(tmp_path / "other").parent)
+    assert keys is not None and strangers is not None
+    # The stranger knows the server's public key (it is not secret) but has its own client key.
+    impostor = type(keys)(
+        keys.server_public,
+        keys.server_secret,
+        strangers.client_public,
+        strangers.client_secret,
+        keys.allowed_dir,
+    )
+    with Receiver(context, ANY_PORT, "pull", bind=True, keys=keys) as receiver:
+        plain = context.socket(zmq.PUSH)
+        plain.setsockopt(zmq.LINGER, 0)
+        plain.connect(receiver.address)
+        plain.send_multipart(encode(make_rollout(1)), flags=zmq.NOBLOCK) if plain.poll(
+            500, zmq.POLLOUT
+        ) else None
+        with Sender(context, receiver.address, "push", bind=False, keys=impostor) as intruder:
+            sent = intruder.send(make_rollout(2), timeout_s=1.0)
+            assert receiver.recv(timeout_s=1.5) is None, "nothing from a peer without the run's keys"
+        plain.close()
+        assert receiver.malformed_count == 0
+        with Sender(context, receiver.address, "push", bind=False, keys=keys) as member:
+            assert member.send(make_rollout(3), timeout_s=5)
+            received = receiver.recv(timeout_s=5)
+        assert isinstance(received, Rollout) and received.rollout_id == make_rollout(3).rollout_id
+    assert sent is False, "the refused handshake never completes, so the intruder's message stays queued"

@@ -329,13 +329,22 @@ def test_kubernetes_job_requests_gpus_and_a_memory_backed_shm():
     assert manifest["metadata"]["annotations"]["pipelinerl.io/topology"] == "1x8"
 
 
-def test_kubernetes_nodes_is_one_until_multi_node_transport_exists():
+def test_kubernetes_nodes_is_the_roles_node_count():
     from prefect.utilities.schema_tools.validation import ValidationError
 
-    nodes = _load("kubernetes")["variables"]["properties"]["nodes"]
-    assert nodes["default"] == 1 and nodes["maximum"] == 1
+    manifest = _render(_load("kubernetes"), RUN_VARIABLES | {"nodes": 4})["job_manifest"]
+    assert manifest["metadata"]["annotations"]["pipelinerl.io/topology"] == "4x8"
     with pytest.raises(ValidationError, match="nodes"):
-        _render(_load("kubernetes"), RUN_VARIABLES | {"nodes": 2})
+        _render(_load("kubernetes"), RUN_VARIABLES | {"nodes": 0})
+
+
+def test_prefect_yaml_declares_the_same_deployments_as_deploy_py():
+    from pipelinerl.flows.deploy import DEPLOYMENTS, LAUNCH_POOL
+
+    declared = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    assert sorted((d["entrypoint"], d["name"], d["work_pool"]["name"]) for d in declared) == sorted(
+        (spec.entrypoint, spec.name, spec.pool or LAUNCH_POOL) for spec in DEPLOYMENTS
+    )
 
 
 def test_docker_container_gets_nvidia_gpus_and_shm():

@@ -74,9 +74,13 @@ def test_model_directory_without_config(tmp_path):
         load_config(None, [f"model.path={tmp_path}"])
 
 
-def test_non_loopback_host_is_refused():
-    with pytest.raises(ConfigError, match="not a loopback address"):
-        load_config(None, ["transport.host=0.0.0.0"])
+def test_transport_host_is_an_address_and_says_whether_it_is_loopback():
+    assert load_config(None, []).transport.is_loopback
+    assert not load_config(None, ["transport.host=10.0.0.5"]).transport.is_loopback
+    assert not load_config(None, ["transport.host=trainer-0.cluster.local"]).transport.is_loopback
+    for bad in ("tcp://10.0.0.5", "*", "10.0.0.5:21100"):
+        with pytest.raises(ConfigError, match="is not an address"):
+            load_config(None, [f"transport.host={bad!r}"])
 
 
 def test_malformed_override_and_file(tmp_path):
