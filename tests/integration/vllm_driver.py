@@ -1,0 +1,82 @@
+"""Drives one ``VLLMEngine`` inside ``.venv-vllm`` for the tests, which run in ``.venv``.
+
+Run: ``.venv-vllm/bin/python -m tests.integration.vllm_driver`` from the repository root (the tests
+do). Commands arrive as JSON lines on stdin, one answer per command as a JSON line on the original
+stdout; everything vLLM prints (its logger writes to stdout, in every process it starts) goes to
+stderr instead, so it cannot interleave with the answers.
+
+Commands: ``start`` (engine keyword arguments and the weight group), ``submit`` (request id ->
+prompt ids), ``update`` (version and the tensors' names, shapes and dtypes; the test broadcasts the
+tensors meanwhile as trainer rank 0), ``collect`` (wait for n finished sequences), ``set``
+(``kv_cache_on_update``), ``close``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+
+def main() -> None:
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # vLLM's output, children's too, to stderr
+
+    from pipelinerl.workers.vllm_engine import VLLMEngine, WeightGroupAddress
+
+    engine: VLLMEngine | None = None
+    for line in sys.stdin:
+        command = json.loads(line)
+        try:
+            answer: dict[str, Any] = {}
+            name = command["cmd"]
+            if name == "start":
+                group = command.get("weight_group")
+                engine = VLLMEngine(
+                    command["model"],
+                    weight_group=WeightGroupAddress(**group) if group else None,
+                    **command["engine"],
+                )
+                answer["startup_s"] = engine.startup_s
+            elif engine is None:
+                raise RuntimeError(f"{name!r} before 'start'")
+            elif name == "submit":
+                for request_id, prompt in command["requests"].items():
+                    engine.submit(request_id, prompt)
+            elif name == "update":
+                tensors = (command["names"], command["shapes"], command["dtypes"])
+                load_s: list[float] = []
+                answer["pause_s"] = engine.update_weights(
+                    command["version"],
+                    lambda workers, tensors=tensors, load_s=load_s: load_s.append(
+                        workers.receive_and_load(*tensors)
+                    ),
+                )
+                answer["receive_and_load_s"] = load_s[0]
+                answer["phases_s"] = engine.last_update_s
+            elif name == "collect":
+                done = []
+                deadline = time.monotonic() + command["timeout_s"]
+                while len(done) < command["n"] and time.monotonic() < deadline:
+                    done += engine.poll(0.5)
+                answer["sequences"] = [dataclasses.asdict(sequence) for sequence in done]
+                answer["in_flight"] = engine.num_in_flight
+            elif name == "set":
+                engine.kv_cache_on_update = command["kv_cache_on_update"]
+            elif name == "close":
+                engine.close()
+                answers.write(json.dumps({"ok": True}) + "\n")
+                return
+            else:
+                raise ValueError(f"unknown command {name!r}")
+        except Exception:
+            answer = {"error": traceback.format_exc()}
+        answers.write(json.dumps(answer) + "\n")
+
+
+if __name__ == "__main__":
+    main()
