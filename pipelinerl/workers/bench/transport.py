@@ -167,81 +167,114 @@ def message_bytes(frames: list[Any]) -> int:
     return sum(memoryview(frame).nbytes for frame in frames)
 
 
+# ----- the two paths' sockets -----
+
+
+class _Ends:
+    """One path's sockets: the platform's ``Sender``/``Receiver``, or bare pyzmq with the same options.
+
+    ``bind_pull`` and ``connect_push`` return the socket (a context manager) and a function that
+    receives or sends one message: a ``Rollout`` on the platform path, a list of frames on the raw one.
+    """
+
+    def __init__(self, context: Any, path: str, high_water_mark: int) -> None:
+        if path not in ("platform", "raw"):
+            raise ValueError(f"path must be 'platform' or 'raw', got {path!r}")
+        self.context, self.path, self.high_water_mark = context, path, high_water_mark
+
+    def bind_pull(self) -> tuple[Any, str, Callable[[], Any]]:
+        import zmq
+
+        from pipelinerl.platform.transport import Receiver
+
+        if self.path == "platform":
+            receiver = Receiver(
+                self.context, "tcp://127.0.0.1:*", "pull", bind=True, high_water_mark=self.high_water_mark
+            )
+
+            def receive() -> Any:
+                message = receiver.recv(timeout_s=MEASUREMENT_TIMEOUT_S)
+                if message is None:
+                    raise TimeoutError(f"no message within {MEASUREMENT_TIMEOUT_S:g} s")
+                return message
+
+            return receiver, receiver.address, receive
+        socket = self._raw_socket(zmq.PULL)
+        socket.bind("tcp://127.0.0.1:*")
+
+        def receive_raw() -> Any:
+            if not socket.poll(MEASUREMENT_TIMEOUT_S * 1000):
+                raise TimeoutError(f"no message within {MEASUREMENT_TIMEOUT_S:g} s")
+            return socket.recv_multipart(copy=False)
+
+        return socket, socket.getsockopt_string(zmq.LAST_ENDPOINT), receive_raw
+
+    def connect_push(self, address: str) -> tuple[Any, Callable[[Any], None]]:
+        import zmq
+
+        from pipelinerl.platform.transport import Sender
+
+        if self.path == "platform":
+            sender = Sender(self.context, address, "push", bind=False, high_water_mark=self.high_water_mark)
+
+            def send(message: Any) -> None:
+                # The actor's pattern: try at once, then wait in slices while the queue is full.
+                if not sender.send(message, timeout_s=0):
+                    while not sender.send(message, timeout_s=1.0):
+                        pass
+
+            return sender, send
+        socket = self._raw_socket(zmq.PUSH)
+        socket.connect(address)
+        return socket, lambda frames: socket.send_multipart(frames)
+
+    def _raw_socket(self, socket_type: int) -> Any:
+        import zmq
+
+        socket = self.context.socket(socket_type)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, self.high_water_mark)
+        socket.setsockopt(zmq.RCVHWM, self.high_water_mark)
+        if socket_type == zmq.PUSH:
+            socket.setsockopt(zmq.IMMEDIATE, 1)
+        return socket
+
+
 # ----- the peer process (the preprocessor's side) -----
 
 
 def _peer_main(control: Connection) -> None:
-    """Serve measurement commands from ``control`` until it sends None (runs in a child process)."""
-    import zmq
+    """Serve measurement commands from ``control`` until it sends None (runs in a child process).
 
-    from pipelinerl.platform.transport import Receiver, Sender
+    ``("sink", path, n, hwm)``: bind, receive the warm-up count the parent sends next, then ``n``
+    messages, and answer the monotonic time of the last. ``("echo", path, n, hwm)``: bind, connect
+    back to the address the parent sends, send every one of ``n`` messages back.
+    """
+    import zmq
 
     context = zmq.Context()
     try:
         while (command := control.recv()) is not None:
             kind, path, total, high_water_mark = command
-            if kind == "sink" and path == "platform":
-                with Receiver(
-                    context, "tcp://127.0.0.1:*", "pull", bind=True, high_water_mark=high_water_mark
-                ) as receiver:
-                    control.send(receiver.address)
-                    warm = control.recv()
-                    for _ in range(warm):
-                        receiver.recv()
+            ends = _Ends(context, path, high_water_mark)
+            pull, address, receive = ends.bind_pull()
+            with pull:
+                control.send(address)
+                if kind == "sink":
+                    for _ in range(control.recv()):
+                        receive()
                     control.send("warm")
                     for _ in range(total):
-                        receiver.recv()
+                        receive()
                     control.send(time.perf_counter())
-            elif kind == "sink":
-                with _raw_socket(context, zmq.PULL, high_water_mark) as socket:
-                    socket.bind("tcp://127.0.0.1:*")
-                    control.send(socket.getsockopt_string(zmq.LAST_ENDPOINT))
-                    warm = control.recv()
-                    for _ in range(warm):
-                        socket.recv_multipart(copy=False)
-                    control.send("warm")
+                    continue
+                push, send = ends.connect_push(control.recv())
+                with push:
                     for _ in range(total):
-                        socket.recv_multipart(copy=False)
-                    control.send(time.perf_counter())
-            elif kind == "echo" and path == "platform":
-                with Receiver(
-                    context, "tcp://127.0.0.1:*", "pull", bind=True, high_water_mark=high_water_mark
-                ) as receiver:
-                    control.send(receiver.address)
-                    with Sender(
-                        context, control.recv(), "push", bind=False, high_water_mark=high_water_mark
-                    ) as sender:
-                        for _ in range(total):
-                            message = receiver.recv()
-                            assert message is not None
-                            sender.send(message)
-                        control.recv()  # the last echo arrived: closing now drops nothing (LINGER 0)
-            else:
-                with (
-                    _raw_socket(context, zmq.PULL, high_water_mark) as pull,
-                    _raw_socket(context, zmq.PUSH, high_water_mark) as push,
-                ):
-                    pull.bind("tcp://127.0.0.1:*")
-                    control.send(pull.getsockopt_string(zmq.LAST_ENDPOINT))
-                    push.connect(control.recv())
-                    for _ in range(total):
-                        push.send_multipart(pull.recv_multipart(copy=False), copy=False)
+                        send(receive())
                     control.recv()  # the last echo arrived: closing now drops nothing (LINGER 0)
     finally:
         context.destroy(linger=0)
-
-
-def _raw_socket(context: Any, socket_type: int, high_water_mark: int) -> Any:
-    """A bare pyzmq socket with the platform's options (same queues, no linger)."""
-    import zmq
-
-    socket = context.socket(socket_type)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt(zmq.SNDHWM, high_water_mark)
-    socket.setsockopt(zmq.RCVHWM, high_water_mark)
-    if socket_type == zmq.PUSH:
-        socket.setsockopt(zmq.IMMEDIATE, 1)
-    return socket
 
 
 class Peer:
@@ -272,6 +305,13 @@ class Peer:
 # ----- measurements (this process is the actor's side) -----
 
 
+def _messages(path: str, rollouts: list[Rollout]) -> list[Any]:
+    """What each path sends: rollouts to encode on the way (platform), or their frames encoded once."""
+    if path == "platform":
+        return list(rollouts)
+    return [[bytes(frame) for frame in encode(rollout)] for rollout in rollouts]
+
+
 def measure_throughput(
     peer: Peer,
     path: str,
@@ -283,39 +323,23 @@ def measure_throughput(
     """Push ``count`` rollouts (cycling through ``rollouts``); rollouts/s and MB/s at the receiver."""
     import zmq
 
-    from pipelinerl.platform.transport import Sender
-
-    encoded = [[bytes(frame) for frame in encode(rollout)] for rollout in rollouts]
-    total_bytes = sum(message_bytes(encoded[index % len(encoded)]) for index in range(count))
+    messages = _messages(path, rollouts)
+    sizes = [message_bytes(encode(rollout)) for rollout in rollouts]
+    total_bytes = sum(sizes[index % len(sizes)] for index in range(count))
     context = zmq.Context()
     try:
         peer.control.send(("sink", path, count, settings.high_water_mark))
         address = peer.recv(PEER_START_TIMEOUT_S)
-        if path == "platform":
-            sender = Sender(context, address, "push", bind=False, high_water_mark=settings.high_water_mark)
-
-            def send(index: int) -> None:
-                rollout = rollouts[index % len(rollouts)]
-                # The actor's pattern: try at once, then wait in slices while the queue is full.
-                if not sender.send(rollout, timeout_s=0):
-                    while not sender.send(rollout, timeout_s=1.0):
-                        pass
-        else:
-            sender = _raw_socket(context, zmq.PUSH, settings.high_water_mark)
-            sender.connect(address)
-
-            def send(index: int) -> None:
-                sender.send_multipart(encoded[index % len(encoded)])
-
+        sender, send = _Ends(context, path, settings.high_water_mark).connect_push(address)
         with sender:
             peer.control.send(settings.warmup)
             for index in range(settings.warmup):
-                send(index)
+                send(messages[index % len(messages)])
             peer.recv()  # "warm": the peer has received the warm-up messages
             started = time.perf_counter()
             step = max(1, count // 50)
             for index in range(count):
-                send(index)
+                send(messages[index % len(messages)])
                 if on_progress is not None and (index + 1) % step == 0:
                     on_progress(step)
             last_received = peer.recv()
@@ -341,49 +365,25 @@ def measure_latency(
     """Ping-pong ``count`` rollouts through the echoing peer; one-way latency = round trip / 2."""
     import zmq
 
-    from pipelinerl.platform.transport import Receiver, Sender
-
-    encoded = [[bytes(frame) for frame in encode(rollout)] for rollout in rollouts]
-    warmup = settings.warmup
+    messages = _messages(path, rollouts)
     context = zmq.Context()
     round_trips: list[float] = []
     try:
-        peer.control.send(("echo", path, warmup + count, settings.high_water_mark))
+        peer.control.send(("echo", path, settings.warmup + count, settings.high_water_mark))
         peer_address = peer.recv(PEER_START_TIMEOUT_S)
-        if path == "platform":
-            receiver = Receiver(
-                context, "tcp://127.0.0.1:*", "pull", bind=True, high_water_mark=settings.high_water_mark
-            )
-            sender = Sender(
-                context, peer_address, "push", bind=False, high_water_mark=settings.high_water_mark
-            )
-            own_address = receiver.address
-
-            def round_trip(index: int) -> None:
-                sender.send(rollouts[index % len(rollouts)])
-                if receiver.recv(timeout_s=MEASUREMENT_TIMEOUT_S) is None:
-                    raise TimeoutError(f"no echo within {MEASUREMENT_TIMEOUT_S:g} s")
-        else:
-            receiver = _raw_socket(context, zmq.PULL, settings.high_water_mark)
-            receiver.bind("tcp://127.0.0.1:*")
-            sender = _raw_socket(context, zmq.PUSH, settings.high_water_mark)
-            sender.connect(peer_address)
-            own_address = receiver.getsockopt_string(zmq.LAST_ENDPOINT)
-
-            def round_trip(index: int) -> None:
-                sender.send_multipart(encoded[index % len(encoded)])
-                if not receiver.poll(MEASUREMENT_TIMEOUT_S * 1000):
-                    raise TimeoutError(f"no echo within {MEASUREMENT_TIMEOUT_S:g} s")
-                receiver.recv_multipart(copy=False)
-
+        ends = _Ends(context, path, settings.high_water_mark)
+        receiver, own_address, receive = ends.bind_pull()
+        sender, send = ends.connect_push(peer_address)
         with sender, receiver:
             peer.control.send(own_address)
-            for index in range(warmup):
-                round_trip(index)
+            for index in range(settings.warmup):
+                send(messages[index % len(messages)])
+                receive()
             step = max(1, count // 50)
             for index in range(count):
                 started = time.perf_counter()
-                round_trip(index)
+                send(messages[index % len(messages)])
+                receive()
                 round_trips.append(time.perf_counter() - started)
                 if on_progress is not None and (index + 1) % step == 0:
                     on_progress(step)
