@@ -122,6 +122,12 @@ def _finish(
     )
 
 
+def _finite(value: float) -> float | None:
+    import math
+
+    return value if math.isfinite(value) else None
+
+
 @bench_app.command()
 def engine(
     engine_name: Annotated[
@@ -191,8 +197,10 @@ def engine(
         result = run_engine_bench(path, settings, progress)
     headline = result["headline"]
     targets = {
-        "continuous_over_static_ratio": target_check(headline["continuous_over_static_ratio"], at_least=1.5),
-        "update_pause_fraction": target_check(headline["update_pause_fraction"], below=0.01),
+        "continuous_over_static_ratio": target_check(
+            _finite(headline["continuous_over_static_ratio"]), at_least=1.5
+        ),
+        "update_pause_fraction": target_check(_finite(headline["update_pause_fraction"]), below=0.01),
     }
     from dataclasses import asdict
 

@@ -481,12 +481,13 @@ def run_engine_bench(
     )
     headline = {
         "continuous_over_static_ratio": continuous_rate / static_useful_rate,
-        "update_pause_fraction": sum(stalls) / 1000 / update_wall_s,
+        # No update within the runs (an interval longer than a run) measures nothing: null, not 0.
+        "update_pause_fraction": sum(stalls) / 1000 / update_wall_s if stalls else float("nan"),
         "update_pause_ms_median": percentile(pauses, 50),
         "update_pause_ms_p99": percentile(pauses, 99),
         "update_stall_ms_median": percentile(stalls, 50),
         "update_stall_ms_p99": percentile(stalls, 99),
-        "update_pause_fraction_upper_bound": sum(pauses) / 1000 / update_wall_s,
+        "update_pause_fraction_upper_bound": sum(pauses) / 1000 / update_wall_s if pauses else float("nan"),
         "tokens_per_s_with_updates_over_without": with_updates_rate / continuous_rate,
         "tokens_per_cpu_s_with_updates_over_without": statistics.median(
             run.useful_tokens_per_cpu_s for run in update_runs
