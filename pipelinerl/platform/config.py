@@ -112,10 +112,21 @@ class ActorConfig(Section):
     kv_cache_blocks: int = Field(
         0, ge=0, description="KV-cache blocks of the transformers engine (0: enough for H full sequences)."
     )
-    kv_block_size: int = Field(32, ge=1, description="Tokens per KV-cache block.")
+    kv_block_size: int = Field(
+        32, ge=1, description="Tokens per KV-cache block (transformers engine; vLLM on CPU uses 32)."
+    )
+    kv_cache_on_update: Literal["keep", "recompute"] = Field(
+        "keep",
+        description="vllm engine, at an in-flight weight update: keep the KV cache written by the older "
+        "weights (the paper's behaviour), or clear it so in-flight prefixes are recomputed under the new "
+        "ones.",
+    )
+    kv_cache_gib: float = Field(1.0, gt=0, description="vllm engine: memory for the KV cache, in GiB.")
     torch_threads: int = Field(1, ge=1, description="torch threads of each actor process.")
     python: str | None = Field(
-        None, description="Interpreter that runs the actor (default: the current one)."
+        None,
+        description="Interpreter that runs the actor (default: the current one). The vllm engine needs "
+        "an environment with vLLM: `make vllm-env` builds .venv-vllm/bin/python.",
     )
 
 
@@ -306,8 +317,11 @@ class PipelineConfig(Section):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PipelineConfig:
-        if self.actor.engine == "vllm":
-            raise ValueError("actor.engine='vllm' is not available yet; valid now: 'transformers'")
+        if self.actor.kv_cache_on_update != "keep" and self.actor.engine != "vllm":
+            raise ValueError(
+                f"actor.kv_cache_on_update={self.actor.kv_cache_on_update!r} needs actor.engine='vllm' "
+                "(the transformers engine always keeps the cache)"
+            )
         if self.trainer.num_processes > 1 and self.rl.batch_size % self.trainer.num_processes:
             raise ValueError(
                 f"rl.batch_size={self.rl.batch_size} must divide evenly over "

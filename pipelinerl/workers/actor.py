@@ -12,6 +12,13 @@ staging buffers (generation goes on), and then, by mode:
   admitting prompts, lets in-flight sequences finish, and loads the newest weights: every
   sequence is written by one version.
 
+Engines (``actor.engine``): ``transformers`` runs in this process, which is then the weight-group
+member and stages the tensors itself. ``vllm`` runs in vLLM's own processes, whose workers are the
+group members (``vllm_extension.py``): in pipeline and conventional modes they receive and load an
+update inside one pause; in async mode they receive it into staging buffers at once (generation
+stalls meanwhile) and load it when the actor drains. The vllm engine needs an interpreter with vLLM
+(``actor.python``, ``make vllm-env``).
+
 Each weight update the actor loads appends a record to ``actor<k>.jsonl`` in the run directory:
 the update pause, tokens/s and the idle fraction since the previous update (time blocked on a full
 rollout queue, waiting for weights, or with nothing in flight).
@@ -66,9 +73,14 @@ class StagedWeights:
         self.version = -1
         self.names: list[str] = []
         self.tensors: list = []  # list[torch.Tensor]
+        self.in_engine = False  # vllm: the engine's workers hold the staged tensors
 
-    def load_into(self, model) -> None:  # type: ignore[no-untyped-def]
-        parameters = dict(model.named_parameters())
+    def load_into(self, target) -> None:  # type: ignore[no-untyped-def]
+        """``target``: the transformers model, or the vLLM engine's workers."""
+        if self.in_engine:
+            target.load_received()
+            return
+        parameters = dict(target.named_parameters())
         for name, tensor in zip(self.names, self.tensors, strict=True):
             parameters[name].data.copy_(tensor)
 
@@ -77,38 +89,34 @@ class Actor:
     def __init__(self, config: PipelineConfig, run_dir: Path, actor_id: int, model_path: Path) -> None:
         import torch
         import zmq
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         from pipelinerl.platform.transport import Receiver, Sender, run_keys
-        from pipelinerl.platform.weights import WeightGroup
         from pipelinerl.tasks import get_task
         from pipelinerl.tasks.tokenizer import encode_prompt
-        from pipelinerl.workers.transformers_engine import TransformersEngine
 
         self.config = config
         self.actor_id = actor_id
         self.run_id = run_dir.name
         torch.manual_seed(config.run.seed * 1000 + actor_id)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         task = get_task(config.task.name)
         problems = task.problems("train", config.task.train_problems, config.run.seed)
         self.prompts = prompt_stream(problems, config.run.seed, actor_id, config.actor.num_actors)
         self.encode_prompt = encode_prompt
         max_prompt_tokens = max(len(encode_prompt(self.tokenizer, p.prompt)) for p in problems)
-        self.engine = TransformersEngine(
-            model,
-            eos_token_id=self.tokenizer.eos_token_id,
-            max_in_flight=config.actor.max_in_flight,
-            max_new_tokens=config.actor.max_new_tokens,
-            max_prompt_tokens=max_prompt_tokens,
-            temperature=config.actor.temperature,
-            kv_block_size=config.actor.kv_block_size,
-            kv_cache_blocks=config.actor.kv_cache_blocks,
-            seed=config.run.seed * 1000 + actor_id,
-            policy_version=starting_version(config.run.resume_from),
-        )
         transport = config.transport
+        # The transformers engine's weight-group member is this process; the vllm engine's, its workers.
+        self.weight_group = None
+        if config.actor.engine == "vllm":
+            self.engine = self._vllm_engine(model_path, max_prompt_tokens)
+        else:
+            self.engine = self._transformers_engine(model_path, max_prompt_tokens)
+            from pipelinerl.platform.weights import WeightGroup
+
+            self.weight_group = WeightGroup(
+                transport.host, transport.port("weight_group"), 1 + actor_id, 1 + config.actor.num_actors
+            )
         self.context = zmq.Context()
         keys = run_keys(transport.host, run_dir)
         self.rollouts = Sender(
@@ -120,9 +128,6 @@ class Actor:
             keys=keys,
         )
         self.notices = Receiver(self.context, transport.address("weights"), "sub", bind=False, keys=keys)
-        self.weight_group = WeightGroup(
-            transport.host, transport.port("weight_group"), 1 + actor_id, 1 + config.actor.num_actors
-        )
         self.pending: dict[str, PendingSample] = {}
         self.staged = StagedWeights()
         self.stop = threading.Event()
@@ -134,6 +139,52 @@ class Actor:
         self.metrics = JsonlWriter(run_dir / f"actor{actor_id}.jsonl")
         self._last_report = (time.monotonic(), 0, 0.0)  # (when, tokens, idle seconds)
 
+    def _transformers_engine(self, model_path: Path, max_prompt_tokens: int):  # type: ignore[no-untyped-def]
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from pipelinerl.workers.transformers_engine import TransformersEngine
+
+        actor = self.config.actor
+        return TransformersEngine(
+            AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32),
+            eos_token_id=self.tokenizer.eos_token_id,
+            max_in_flight=actor.max_in_flight,
+            max_new_tokens=actor.max_new_tokens,
+            max_prompt_tokens=max_prompt_tokens,
+            temperature=actor.temperature,
+            kv_block_size=actor.kv_block_size,
+            kv_cache_blocks=actor.kv_cache_blocks,
+            seed=self.config.run.seed * 1000 + self.actor_id,
+            policy_version=starting_version(self.config.run.resume_from),
+        )
+
+    def _vllm_engine(self, model_path: Path, max_prompt_tokens: int):  # type: ignore[no-untyped-def]
+        try:
+            from pipelinerl.workers.vllm_engine import VLLMEngine, WeightGroupAddress
+        except ImportError as error:
+            raise SystemExit(
+                f"actor.engine='vllm' needs vLLM in the actor's interpreter ({error}); build .venv-vllm "
+                "with `make vllm-env` and set actor.python=.venv-vllm/bin/python"
+            ) from error
+        actor, transport = self.config.actor, self.config.transport
+        return VLLMEngine(
+            model_path,
+            eos_token_id=self.tokenizer.eos_token_id,
+            max_in_flight=actor.max_in_flight,
+            max_new_tokens=actor.max_new_tokens,
+            max_prompt_tokens=max_prompt_tokens,
+            temperature=actor.temperature,
+            seed=self.config.run.seed * 1000 + self.actor_id,
+            policy_version=starting_version(self.config.run.resume_from),
+            kv_cache_on_update=actor.kv_cache_on_update,
+            kv_cache_gib=actor.kv_cache_gib,
+            cpu_threads=actor.torch_threads,
+            weight_group=WeightGroupAddress(
+                transport.host, transport.port("weight_group"), 1 + self.actor_id, 1 + actor.num_actors
+            ),
+        )
+
     # ----- weights: receiver thread -----
 
     def receive_weights(self) -> None:
@@ -144,6 +195,8 @@ class Actor:
             if isinstance(notice, Shutdown):
                 logger.info("shutdown: %s", notice.reason)
                 self.stop.set()
+            elif isinstance(notice, WeightUpdate) and self.weight_group is None:
+                self.receive_into_engine(notice)
             elif isinstance(notice, WeightUpdate):
                 buffers = receive_buffers(notice.parameter_shapes, notice.parameter_dtypes)
                 self.weight_group.broadcast(buffers)
@@ -161,6 +214,27 @@ class Actor:
             if self.staged.version <= self.engine.policy_version:
                 return
             pause = self.engine.update_weights(self.staged.version, self.staged.load_into)
+        self.loaded(pause)
+
+    def receive_into_engine(self, notice: WeightUpdate) -> None:
+        """vllm: the engine's workers take the tensors from the weight group themselves."""
+        tensors = (list(notice.parameter_names), notice.parameter_shapes, notice.parameter_dtypes)
+        if self.config.run.mode == "async":  # staged in the workers, loaded when the actor drains
+            self.engine.receive_weights(*tensors)
+            with self.staged.lock:
+                self.staged.version = notice.policy_version
+                self.staged.in_engine = True
+        else:
+            with self.staged.lock:
+                self.staged.version = notice.policy_version
+                pause = self.engine.update_weights(
+                    notice.policy_version, lambda workers: workers.receive_and_load(*tensors)
+                )
+            self.loaded(pause)
+        with self.weights_ready:
+            self.weights_ready.notify_all()
+
+    def loaded(self, pause: float) -> None:
         self.pause_seconds.append(pause)
         self.report(pause)
         logger.info(

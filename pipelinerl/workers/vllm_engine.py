@@ -108,6 +108,7 @@ class VLLMEngine:
         kv_cache_gib: float = 1.0,
         tensor_parallel_size: int = 1,
         enforce_eager: bool = True,
+        cpu_threads: int | None = None,
     ) -> None:
         from vllm import SamplingParams
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -156,7 +157,7 @@ class VLLMEngine:
         self._thread.start()
         started = time.perf_counter()
         try:
-            self._engine = self._call(self._create(engine_args))
+            self._engine = self._call(self._create(engine_args, cpu_threads))
             self._call(self._engine.update_weight_version(str(policy_version)))
             if weight_group is not None:
                 self.rpc(
@@ -176,12 +177,18 @@ class VLLMEngine:
         self.workers = VLLMWorkers(self)
 
     @staticmethod
-    async def _create(engine_args: Any) -> Any:
+    async def _create(engine_args: Any, cpu_threads: int | None) -> Any:
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         # The KV cache is sized by kv_cache_memory_bytes; vLLM's CPU platform lets this legacy
         # variable override it, so a stray value from the environment must not.
         os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        if cpu_threads is not None and current_platform.is_cpu():
+            # vLLM on CPU pins one OpenMP thread to every core by default; the actor shares the
+            # machine with the trainer, so its workers run cpu_threads threads, unpinned.
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+            os.environ["OMP_NUM_THREADS"] = str(cpu_threads)
         return AsyncLLM.from_engine_args(engine_args)
 
     def _call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
