@@ -3,8 +3,10 @@
 An engine keeps up to H sequences in flight, returns each finished one with, for every generated
 token, its behaviour log-prob (under the distribution actually sampled from) and the policy
 version that produced it, and can swap its weights **between two decode steps** without dropping
-in-flight sequences (paper §3). Engines: ``transformers`` (``transformers_engine.py``); vLLM later,
-behind the same interface.
+in-flight sequences (paper §3). Engines: ``transformers`` (``transformers_engine.py``) and ``vllm``
+(``vllm_engine.py``). ``update_weights``' ``load`` receives what holds the weights: the model itself
+for transformers; for vLLM, whose model lives in its worker processes, a handle that has the workers
+receive the tensors from the weight group and load them.
 """
 
 from __future__ import annotations
