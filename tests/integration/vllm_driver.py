@@ -8,7 +8,7 @@ stderr instead, so it cannot interleave with the answers.
 Commands: ``start`` (engine keyword arguments and the weight group), ``submit`` (request id ->
 prompt ids), ``update`` (version and the tensors' names, shapes and dtypes; the test broadcasts the
 tensors meanwhile as trainer rank 0), ``collect`` (wait for n finished sequences), ``set``
-(``kv_cache_on_update``), ``close``.
+(``kv_cache_on_update``), ``status`` (policy version, requests in flight), ``close``.
 """
 
 from __future__ import annotations
@@ -67,6 +67,9 @@ def main() -> None:
                 answer["in_flight"] = engine.num_in_flight
             elif name == "set":
                 engine.kv_cache_on_update = command["kv_cache_on_update"]
+            elif name == "status":
+                answer["policy_version"] = engine.policy_version
+                answer["in_flight"] = engine.num_in_flight
             elif name == "close":
                 engine.close()
                 answers.write(json.dumps({"ok": True}) + "\n")
