@@ -252,22 +252,9 @@ def test_a_taken_port_fails_at_once_naming_it(tmp_path):
     assert not state_path(tmp_path).exists()
 
 
-def test_rl_run_deployment_completes_and_tracks_to_the_stack(stack, random_model_dir, tmp_path):
-    flow_run_id = submit(stack, {"config": small_config(random_model_dir, tmp_path, max_steps=3)})
-    started = time.monotonic()
-    flow_run = wait_for_final_state(stack, flow_run_id, RUN_TIMEOUT_S)
-    print(f"rl-run flow run finished in {time.monotonic() - started:.1f} s")
-    assert flow_run.state.is_completed(), f"{flow_run.state}\n{worker_log(stack)}"
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 3
-    (mlflow_run,) = mlflow_runs_of(stack, flow_run_id)
-    assert mlflow_run.info.status == "FINISHED"
-    assert mlflow_run.info.run_id == (run_dir / "mlflow_run_id").read_text()
-    assert mlflow_run.data.params["run.max_steps"] == "3"
-
-
-def test_rl_run_on_the_pools_runs_each_role_node_as_a_flow_run(stack, random_model_dir, tmp_path):
+def test_rl_run_deployment_on_the_pools_completes_and_tracks_to_the_stack(stack, random_model_dir, tmp_path):
+    """rl-run submitted through the Prefect client; it places each role node as an rl-role flow run.
+    (The same deployment with the default local placement runs in the cancellation test.)"""
     config = small_config(random_model_dir, tmp_path, max_steps=3)
     config["cluster"].update(placement="pools", actor_nodes=2)
     config["actor"].update(num_actors=2, max_in_flight=8)
@@ -297,6 +284,9 @@ def test_rl_run_on_the_pools_runs_each_role_node_as_a_flow_run(stack, random_mod
     assert all((run_dir / f"actor{k}.jsonl").stat().st_size > 0 for k in (0, 1))
     (mlflow_run,) = mlflow_runs_of(stack, flow_run_id)
     assert mlflow_run.info.status == "FINISHED"
+    assert mlflow_run.info.run_id == (run_dir / "mlflow_run_id").read_text()
+    assert mlflow_run.data.params["run.max_steps"] == "3"
+    assert mlflow_run.data.params["cluster.placement"] == "pools"
     assert not processes_mentioning(str(run_dir))
 
 
