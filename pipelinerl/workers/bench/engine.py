@@ -16,18 +16,20 @@ Three measurements, all on the same model directory (default: the embedded warm-
    prompts (left-padded), same sampling settings, also producing the behaviour log-probs the actor
    needs. *Useful* tokens stop at each sequence's first EOS; *raw* tokens are what the batch
    computed (H x the batch's longest completion): the difference is padding.
-3. **in-flight updates**: the continuous measurement again, while every ``update_interval_s``
-   (the pipeline's time per optimizer step) ``update_weights`` loads a full state dict (the same
-   weights, perturbed) with the actor's own loader. Two durations per update: the *pause* the
-   engine reports (from asking the loop to pause, which first lets the current decode step finish,
-   to resuming: what the actor logs as ``weights/update_pause_ms``) and the *stall* (from the loop
-   parked, when the load starts, to resuming: the time no token is generated).
-   ``update_pause_fraction`` = sum of stalls / wall time of the runs with updates: the share of actor
-   time the updates take at that rate. The sum of pauses gives an upper bound, and tokens/s with
-   updates against without a cross-check that catches any cost the timers miss.
+3. **in-flight updates**: the continuous measurement again, while every ``update_interval_s`` (the
+   pipeline's time per optimizer step) a second thread, as the actor's weight receiver does, calls
+   ``update_weights`` to load a full state dict (the same weights, perturbed) with the actor's own
+   loader. Two durations per update: the *pause* the engine reports (from asking the loop to pause,
+   which first lets the current decode step finish, to resuming: the actor's
+   ``weights/update_pause_ms``) and the *stall* (from the loop parked, when the load starts, to
+   resuming: the time no token is generated). ``update_pause_fraction`` = sum of stalls / wall time
+   of the runs with updates: the share of actor time the updates take at that rate. The sum of
+   pauses gives an upper bound, and tokens/s with updates against without a cross-check that
+   catches any cost the timers miss.
 
-Each repeat runs continuous, static and continuous-with-updates back to back, so a change in the
-machine's load hits all three alike; headline rates are medians over repeats.
+Each repeat runs static, continuous and continuous-with-updates back to back; a ratio is the median
+over repeats of one run's rate over its neighbour's (a shared machine's load drifts between repeats,
+neighbours see about the same), and rates are medians over repeats.
 
 Engine-agnostic: measurements use only the ``Engine`` protocol; ``ENGINES`` maps an ``--engine``
 name to a factory, so another engine (vLLM) is one more entry. The static baseline is always
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -70,7 +73,7 @@ class EngineBenchSettings:
     group_size: int = 4
     max_new_tokens: int = 96  # the actor's default
     temperature: float = 1.0
-    repeats: int = 4
+    repeats: int = 5
     update_interval_s: float = DOCUMENTED_STEP_INTERVAL_S
     update_interval_source: str = DOCUMENTED_STEP_INTERVAL_SOURCE
     seed: int = 0
@@ -272,43 +275,59 @@ def run_continuous(
     """Generate the workload with up to ``in_flight`` sequences, refilling whole groups like the actor.
 
     Wall time runs from the first submit to the last completion. ``updates`` are loaded every
-    ``update_interval_s`` from the start, from this (the polling) thread.
+    ``update_interval_s`` from the start by a second thread, as the actor's weight receiver does,
+    while this thread keeps polling and refilling.
     """
     if updates is not None and not update_interval_s:
         raise ValueError("update_interval_s must be positive when updates are given")
     groups = iter(list(workload.groups()))
     stats = GenerationStats()
+    done = threading.Event()
+    updater = None
+    if updates is not None and update_interval_s:
+        updater = threading.Thread(
+            target=_update_every, args=(engine, updates, update_interval_s, done, stats), name="bench-updates"
+        )
     started, cpu_started = time.perf_counter(), time.process_time()
-    next_update = started + update_interval_s if updates is not None and update_interval_s else None
+    if updater is not None:
+        updater.start()
     exhausted = False
-    while True:
-        while not exhausted and engine.num_in_flight + workload.group_size <= max(
-            in_flight, workload.group_size
-        ):
-            group = next(groups, None)
-            if group is None:
-                exhausted = True
-                break
-            for prompt in group:
-                engine.submit(uuid.uuid4().hex, prompt)
-        completed = engine.poll(timeout_s=0.02)
-        for sequence in completed:
-            stats.sequences += 1
-            stats.useful_tokens += len(sequence.completion_token_ids)
-            stats.finished += int(sequence.finished)
-        if on_progress is not None and completed:
-            on_progress(len(completed))
-        if exhausted and engine.num_in_flight == 0:
-            stats.wall_s = time.perf_counter() - started
-            stats.cpu_s = time.process_time() - cpu_started
-            break
-        if updates is not None and next_update is not None and time.perf_counter() >= next_update:
-            pause, stall = updates.apply(engine)
-            stats.pauses_ms.append(1000 * pause)
-            stats.stalls_ms.append(1000 * stall)
-            next_update += update_interval_s or 0.0
+    try:
+        while not (exhausted and engine.num_in_flight == 0):
+            while not exhausted and engine.num_in_flight + workload.group_size <= max(
+                in_flight, workload.group_size
+            ):
+                group = next(groups, None)
+                if group is None:
+                    exhausted = True
+                    break
+                for prompt in group:
+                    engine.submit(uuid.uuid4().hex, prompt)
+            completed = engine.poll(timeout_s=0.02)
+            for sequence in completed:
+                stats.sequences += 1
+                stats.useful_tokens += len(sequence.completion_token_ids)
+                stats.finished += int(sequence.finished)
+            if on_progress is not None and completed:
+                on_progress(len(completed))
+        stats.wall_s = time.perf_counter() - started
+        stats.cpu_s = time.process_time() - cpu_started
+    finally:
+        done.set()
+        if updater is not None:
+            updater.join()
     stats.raw_tokens = stats.useful_tokens
     return stats
+
+
+def _update_every(
+    engine: Engine, updates: WeightUpdates, interval_s: float, done: threading.Event, stats: GenerationStats
+) -> None:
+    """Load the next state every ``interval_s`` until ``done``; record each pause and stall."""
+    while not done.wait(interval_s):
+        pause, stall = updates.apply(engine)
+        stats.pauses_ms.append(1000 * pause)
+        stats.stalls_ms.append(1000 * stall)
 
 
 def useful_lengths(completions: np.ndarray, eos_token_id: int) -> np.ndarray:
@@ -395,6 +414,17 @@ def step_interval_from_run_dir(run_dir: Path) -> tuple[float, str]:
     return interval, f"{path}: {len(times) - 1} step intervals, mean {interval:.3f} s"
 
 
+def paired_ratio(numerators: list[GenerationStats], denominators: list[GenerationStats], rate: str) -> float:
+    """Median over repeats of run r's ``rate`` over its neighbour's: a shared machine's load drifts
+    between repeats, and neighbours in time see about the same load."""
+    ratios = [
+        getattr(numerator, rate) / getattr(denominator, rate)
+        for numerator, denominator in zip(numerators, denominators, strict=True)
+        if getattr(denominator, rate)
+    ]
+    return statistics.median(ratios) if ratios else float("nan")
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
@@ -436,16 +466,9 @@ def run_engine_bench(
         run_continuous(engine, warmup, in_flight)
         run_static(baseline_model, warmup, in_flight, settings.seed)
         for repeat in range(settings.repeats):
+            # static, continuous, continuous with updates: each ratio compares neighbours in time.
             label = f"({repeat + 1}/{settings.repeats})"
             total = workload.num_sequences
-            continuous_runs.append(
-                run_continuous(
-                    engine,
-                    workload,
-                    in_flight,
-                    on_progress=_progress_task(progress, f"continuous, H = {in_flight} {label}", total),
-                )
-            )
             static_runs.append(
                 run_static(
                     baseline_model,
@@ -455,6 +478,14 @@ def run_engine_bench(
                     on_progress=_progress_task(
                         progress, f"static generate, batch {in_flight} {label}", total
                     ),
+                )
+            )
+            continuous_runs.append(
+                run_continuous(
+                    engine,
+                    workload,
+                    in_flight,
+                    on_progress=_progress_task(progress, f"continuous, H = {in_flight} {label}", total),
                 )
             )
             update_runs.append(
@@ -470,17 +501,14 @@ def run_engine_bench(
     finally:
         engine.close()
 
-    continuous_rate = statistics.median(run.useful_tokens_per_s for run in continuous_runs)
-    static_useful_rate = statistics.median(run.useful_tokens_per_s for run in static_runs)
     pauses = [pause for run in update_runs for pause in run.pauses_ms]
     stalls = [stall for run in update_runs for stall in run.stalls_ms]
     update_wall_s = sum(run.wall_s for run in update_runs)
-    with_updates_rate = statistics.median(run.useful_tokens_per_s for run in update_runs)
     static_padding = 1 - sum(run.useful_tokens for run in static_runs) / max(
         1, sum(run.raw_tokens for run in static_runs)
     )
     headline = {
-        "continuous_over_static_ratio": continuous_rate / static_useful_rate,
+        "continuous_over_static_ratio": paired_ratio(continuous_runs, static_runs, "useful_tokens_per_s"),
         # No update within the runs (an interval longer than a run) measures nothing: null, not 0.
         "update_pause_fraction": sum(stalls) / 1000 / update_wall_s if stalls else float("nan"),
         "update_pause_ms_median": percentile(pauses, 50),
@@ -488,18 +516,18 @@ def run_engine_bench(
         "update_stall_ms_median": percentile(stalls, 50),
         "update_stall_ms_p99": percentile(stalls, 99),
         "update_pause_fraction_upper_bound": sum(pauses) / 1000 / update_wall_s if pauses else float("nan"),
-        "tokens_per_s_with_updates_over_without": with_updates_rate / continuous_rate,
-        "tokens_per_cpu_s_with_updates_over_without": statistics.median(
-            run.useful_tokens_per_cpu_s for run in update_runs
-        )
-        / statistics.median(run.useful_tokens_per_cpu_s for run in continuous_runs),
-        "continuous_over_static_ratio_per_cpu_s": statistics.median(
-            run.useful_tokens_per_cpu_s for run in continuous_runs
-        )
-        / statistics.median(run.useful_tokens_per_cpu_s for run in static_runs),
-        "continuous_tokens_per_s": continuous_rate,
+        "continuous_over_static_ratio_per_cpu_s": paired_ratio(
+            continuous_runs, static_runs, "useful_tokens_per_cpu_s"
+        ),
+        "tokens_per_s_with_updates_over_without": paired_ratio(
+            update_runs, continuous_runs, "useful_tokens_per_s"
+        ),
+        "tokens_per_cpu_s_with_updates_over_without": paired_ratio(
+            update_runs, continuous_runs, "useful_tokens_per_cpu_s"
+        ),
+        "continuous_tokens_per_s": statistics.median(run.useful_tokens_per_s for run in continuous_runs),
         "continuous_sequences_per_s": statistics.median(run.sequences_per_s for run in continuous_runs),
-        "static_useful_tokens_per_s": static_useful_rate,
+        "static_useful_tokens_per_s": statistics.median(run.useful_tokens_per_s for run in static_runs),
         "static_raw_tokens_per_s": statistics.median(run.raw_tokens_per_s for run in static_runs),
         "static_padding_fraction": static_padding,
     }
