@@ -5,11 +5,12 @@ Loop (paper §3): take the next batch of B sequences from the preprocessor, comp
 weights: a ``WeightUpdate`` notice over ZeroMQ PUB and one gloo broadcast per tensor to the actors.
 In ``conventional`` mode weights are published only every G steps (after a whole round).
 
-Every step appends one JSON record to ``metrics.jsonl`` (loss, reward, ESS, lag statistics,
-tokens, samples, step and wait time) and its per-token data to ``tokens/step_<version>_rank<r>.npz``, from
-which the statistics can be recomputed. Every ``trainer.checkpoint_every`` versions, and at the end
-(``final/``), the policy is saved in Hugging Face format with its version and the optimizer state
-(``platform/checkpoint.py``); ``run.resume_from`` continues from such a checkpoint.
+Every step appends one JSON record to ``metrics.jsonl`` (loss, reward, ESS, lag statistics, the
+behaviour mismatch of its lag-0 tokens, tokens, samples, step and wait time) and its per-token data
+to ``tokens/step_<version>_rank<r>.npz``, from which the statistics can be recomputed. Every
+``trainer.checkpoint_every`` versions, and at the end (``final/``), the policy is saved in Hugging
+Face format with its version and the optimizer state (``platform/checkpoint.py``);
+``run.resume_from`` continues from such a checkpoint.
 
 Run: ``python -m pipelinerl.workers.trainer --run-dir runs/<id> --rank 0`` (the launcher does).
 """
@@ -205,7 +206,7 @@ class Trainer:
         return None
 
     def _train_step(self, batch: TrainBatch) -> dict[str, Any]:
-        from pipelinerl.rl import effective_sample_size, lag_statistics, token_lags
+        from pipelinerl.rl import behaviour_mismatch, effective_sample_size, lag_statistics, token_lags
         from pipelinerl.workers.policy_step import concat_records, micro_batch_loss
 
         torch = self.torch
@@ -267,9 +268,12 @@ class Trainer:
         lengths = [n for part in parts for n in part[3]]
         lags = token_lags(trained_at, torch.from_numpy(tokens.token_versions.astype(np.int64)))
         lag = lag_statistics(lags, torch.from_numpy(tokens.token_positions.astype(np.int64)))
+        mismatch = behaviour_mismatch(
+            torch.from_numpy(tokens.trainer_logprobs), torch.from_numpy(tokens.behaviour_logprobs), lags
+        )
         self.samples_trained += len(rewards)
         self.tokens_trained += len(tokens.ratio)
-        return {
+        record: dict[str, Any] = {
             "step": self.policy_version,
             "policy_version": self.policy_version,
             "trained_at_version": trained_at,
@@ -295,6 +299,9 @@ class Trainer:
             # (rollout id, oldest version that wrote it): the tracking owner fills the rollout ledger.
             "rollouts": [list(entry) for part in parts for entry in part[5]],
         }
+        if mismatch is not None:  # absent, not NaN, in a step without a lag-0 token (JSON has no NaN)
+            record["rl/behaviour_mismatch"] = mismatch
+        return record
 
     def _gather(self, part: Any) -> list[Any]:
         """Every rank's ``part`` (one item when training on a single rank)."""
