@@ -79,6 +79,7 @@ def run(config: ConfigOption = None, set_: SetOption = None) -> None:
 def _run_errors() -> Iterator[None]:
     """Errors a user can act on, printed as one message (exit 1) instead of a traceback."""
     from pipelinerl.platform.checkpoint import CheckpointError
+    from pipelinerl.platform.config import ConfigError
     from pipelinerl.platform.db import PlatformDatabaseError
     from pipelinerl.platform.tracking import TrackingError
     from pipelinerl.platform.transport import PortInUseError
@@ -97,6 +98,7 @@ def _run_errors() -> Iterator[None]:
         StageFailed,
         FileNotFoundError,
         CheckpointError,
+        ConfigError,
         TrackingError,
         PlatformDatabaseError,
     ) as error:

@@ -269,6 +269,22 @@ class TransportConfig(Section):
         32, ge=1, description="High-water mark of the rollout queue, in messages (bounds memory and lag)."
     )
 
+    batches_ahead: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Train batches the preprocessor may hand out beyond the trainer's latest published "
+        "version (conventional mode adds the round's G-1): with 2, one batch waits while one trains. Work "
+        "queued past that waits upstream, where the actors feel the backpressure, so the lag stays bounded.",
+    )
+    socket_buffer_kib: int = Field(
+        16,
+        ge=4,
+        le=65536,
+        description="Kernel send and receive buffer of the rollout and batch sockets, in KiB. The high-water "
+        "marks count messages; unbounded kernel buffers would hold hundreds more (and their lag) on top.",
+    )
+
     @field_validator("host")
     @classmethod
     def _an_address(cls, host: str) -> str:

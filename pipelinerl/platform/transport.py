@@ -187,12 +187,16 @@ class _Socket:
         high_water_mark: int,
         setting: str | None,
         keys: CurveKeys | None = None,
+        kernel_buffer_bytes: int | None = None,
     ) -> None:
         if high_water_mark < 1:
             raise ValueError(f"high_water_mark must be >= 1 (messages), got {high_water_mark}")
         self.kind = kind
         self.socket: zmq.Socket = context.socket(_SOCKET_TYPES[kind])
         self.socket.setsockopt(zmq.LINGER, 0)
+        if kernel_buffer_bytes is not None:  # else the kernel's (autotuned, megabytes on loopback)
+            self.socket.setsockopt(zmq.SNDBUF, kernel_buffer_bytes)
+            self.socket.setsockopt(zmq.RCVBUF, kernel_buffer_bytes)
         if keys is not None and bind:
             _authenticate(context, keys)
             self.socket.curve_server = True
@@ -246,10 +250,11 @@ class Sender(_Socket):
         *,
         setting: str | None = None,
         keys: CurveKeys | None = None,
+        kernel_buffer_bytes: int | None = None,
     ) -> None:
         if kind not in ("push", "pub"):
             raise ValueError(f"Sender kind must be 'push' or 'pub', got {kind!r}")
-        super().__init__(context, address, kind, bind, high_water_mark, setting, keys)
+        super().__init__(context, address, kind, bind, high_water_mark, setting, keys, kernel_buffer_bytes)
         self.sent_count = 0
 
     def send(self, message: Message, timeout_s: float | None = None) -> bool:
@@ -293,10 +298,11 @@ class Receiver(_Socket):
         *,
         setting: str | None = None,
         keys: CurveKeys | None = None,
+        kernel_buffer_bytes: int | None = None,
     ) -> None:
         if kind not in ("pull", "sub"):
             raise ValueError(f"Receiver kind must be 'pull' or 'sub', got {kind!r}")
-        super().__init__(context, address, kind, bind, high_water_mark, setting, keys)
+        super().__init__(context, address, kind, bind, high_water_mark, setting, keys, kernel_buffer_bytes)
         self.received_count = 0
         self.malformed_count = 0
 

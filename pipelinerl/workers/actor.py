@@ -126,6 +126,7 @@ class Actor:
             bind=False,
             high_water_mark=transport.queue_size,
             keys=keys,
+            kernel_buffer_bytes=transport.socket_buffer_kib * 1024,
         )
         self.notices = Receiver(self.context, transport.address("weights"), "sub", bind=False, keys=keys)
         self.pending: dict[str, PendingSample] = {}

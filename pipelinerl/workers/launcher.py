@@ -82,7 +82,8 @@ def preflight(config: PipelineConfig) -> None:
     """Fail before any process starts: ports in use, unreachable tracking stores, a bad checkpoint."""
     from pipelinerl.platform.transport import check_bindable
 
-    if config.cluster.placement == "local":  # placed on the pools, the ports are on trainer node 0
+    if config.cluster.placement == "local":  # placed on the pools, the actors' nodes have their own
+        check_actor_interpreter(config)  # interpreters, and the ports are on trainer node 0
         for address in config.transport.all_bound_addresses(config.trainer.num_processes):
             check_bindable(address, setting="transport.base_port")
     if config.tracking.enabled:  # an unreachable store fails now, not after the model is prepared
@@ -101,6 +102,22 @@ def preflight(config: PipelineConfig) -> None:
                 f"{info.policy_version}; run.max_steps={config.run.max_steps} leaves nothing to train "
                 "(max_steps counts versions from 0, so raise it)"
             )
+
+
+def check_actor_interpreter(config: PipelineConfig) -> None:
+    """The actor's Python exists here (the vllm engine lives in its own environment, DESIGN.md)."""
+    from pipelinerl.platform.config import ConfigError
+    from pipelinerl.workers.stages import actor_interpreter
+
+    python = actor_interpreter(config)
+    if Path(python).is_file():
+        return
+    if config.actor.python:
+        raise ConfigError(f"actor.python={python!r} does not exist")
+    raise ConfigError(
+        f"actor.engine='vllm' runs in the vLLM environment, and {python} does not exist: build it with "
+        "`make vllm-env`, or set actor.python to an interpreter that has vllm and this package"
+    )
 
 
 def resolve_model(config: PipelineConfig, console: Any = None) -> Path:

@@ -6,8 +6,15 @@ prompt) is scored by the task's verifier once it is complete; its advantages are
 sequences, packed into micro-batches by padded-token budget, which goes to the trainer. Nothing is
 dropped silently: a duplicate rollout id or a rollout of an unknown problem is counted and logged.
 
-Every batch sent appends a record to ``preprocessor.jsonl`` in the run directory: the rollouts
-waiting here (incomplete groups and scored sequences not yet batched), rejected and malformed counts.
+A batch goes to the trainer only when the trainer is at most ``transport.batches_ahead`` steps
+behind it (its weight notices say how far it is, ``TrainerProgress``); until then the preprocessor
+stops reading rollouts, so the actors feel the backpressure and stop generating instead of piling
+up stale data. Together with bounded socket queues (high-water marks and ``socket_buffer_kib``)
+this is what keeps the lag of trained tokens bounded when the actors outrun the trainer.
+
+Every batch sent appends a record to ``preprocessor.jsonl`` in the run directory: the step it feeds,
+the trainer's version then, the rollouts waiting here (incomplete groups and scored sequences not
+yet batched), rejected and malformed counts.
 
 Run: ``python -m pipelinerl.workers.preprocessor --run-dir runs/<id>`` (the launcher does).
 """
@@ -23,9 +30,11 @@ from pathlib import Path
 
 import torch
 
+from pipelinerl.platform.checkpoint import starting_version
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.jsonl import JsonlWriter
-from pipelinerl.platform.wire import Rollout, Shutdown, TrainBatch, TrainSequence
+from pipelinerl.platform.transport import Receiver
+from pipelinerl.platform.wire import Rollout, Shutdown, TrainBatch, TrainSequence, WeightUpdate
 from pipelinerl.rl import leave_one_out_advantages, pack_micro_batches
 from pipelinerl.tasks import get_task
 from pipelinerl.tasks.base import Problem, Task
@@ -107,6 +116,41 @@ class BatchBuilder:
         return batch
 
 
+def steps_ahead_allowed(config: PipelineConfig) -> int:
+    """How many steps past the trainer's latest published version a batch may be handed out for.
+
+    Conventional mode publishes once per round of G steps, so the whole round must be allowed."""
+    extra = config.run.steps_per_round - 1 if config.run.mode == "conventional" else 0
+    return config.transport.batches_ahead + extra
+
+
+@dataclass
+class TrainerProgress:
+    """The trainer's policy version as its weight notices tell it, and what it allows to be sent."""
+
+    start_version: int
+    steps_ahead: int
+    version: int = -1
+
+    def __post_init__(self) -> None:
+        self.version = max(self.version, self.start_version)
+
+    def may_send(self, step: int) -> bool:
+        """Whether the batch for ``step`` (counted from this start) may go to the trainer now."""
+        return step - (self.version - self.start_version) < self.steps_ahead
+
+    def read(self, notices: Receiver, timeout_s: float = 0.0) -> bool:
+        """Take in every notice waiting (the first up to ``timeout_s``); True on Shutdown."""
+        while (notice := notices.recv(timeout_s=timeout_s)) is not None:
+            timeout_s = 0.0
+            if isinstance(notice, Shutdown):
+                logger.info("shutdown: %s", notice.reason)
+                return True
+            if isinstance(notice, WeightUpdate):
+                self.version = max(self.version, notice.policy_version)
+        return False
+
+
 def run(config: PipelineConfig, run_dir: Path) -> None:
     import zmq
 
@@ -132,34 +176,51 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
         bind=True,
         high_water_mark=transport.queue_size,
         keys=keys,
+        kernel_buffer_bytes=transport.socket_buffer_kib * 1024,
     )
     # A small queue towards each trainer rank: when it is busy, rollouts back up to the actors.
     # Shard i of the stream goes to rank i % ranks, so every optimizer step trains B sequences.
     # The preprocessor binds them (every bound socket of a run is on trainer node 0, at
     # transport.host); each rank connects to its own.
     inboxes = [
-        Sender(context, transport.trainer_inbox(rank), "push", bind=True, high_water_mark=1, keys=keys)
+        Sender(
+            context,
+            transport.trainer_inbox(rank),
+            "push",
+            bind=True,
+            high_water_mark=1,
+            keys=keys,
+            kernel_buffer_bytes=transport.socket_buffer_kib * 1024,
+        )
         for rank in range(config.trainer.num_processes)
     ]
     notices = Receiver(context, transport.address("weights"), "sub", bind=False, keys=keys)
+    trainer = TrainerProgress(starting_version(config.run.resume_from), steps_ahead_allowed(config))
     metrics = JsonlWriter(run_dir / "preprocessor.jsonl")
     try:
         while True:
-            notice = notices.recv(timeout_s=0)
-            if isinstance(notice, Shutdown):
-                logger.info("shutdown: %s", notice.reason)
+            if trainer.read(notices):
                 return
             message = rollouts.recv(timeout_s=0.5)
             if isinstance(message, Rollout):
                 for batch in builder.add(message):
+                    step = batch.batch_index // len(inboxes)  # the optimizer step it feeds
+                    # Hold the batch (and so, upstream, the actors) until the trainer is close enough.
+                    held_from = time.monotonic()
+                    while not trainer.may_send(step):
+                        if trainer.read(notices, timeout_s=0.2):
+                            return
+                    held_s = time.monotonic() - held_from
                     inbox = inboxes[batch.batch_index % len(inboxes)]
                     while not inbox.send(batch, timeout_s=1.0):
-                        if isinstance(notices.recv(timeout_s=0), Shutdown):
+                        if trainer.read(notices):
                             return
                     metrics.write(
                         {
                             "batch_index": batch.batch_index,
-                            "step": batch.batch_index // len(inboxes),  # the optimizer step it feeds
+                            "step": step,
+                            "trainer_version": trainer.version,
+                            "preprocessor/held_s": held_s,  # waiting for the trainer to catch up
                             "time": time.time(),
                             "queue/rollouts": builder.buffered,
                             "preprocessor/rejected": builder.rejected,

@@ -124,6 +124,18 @@ def stage_env(threads: int) -> dict[str, str]:
     return env
 
 
+def vllm_python() -> Path:
+    """The interpreter of the vLLM environment that ``make vllm-env`` builds in this checkout."""
+    return Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+
+
+def actor_interpreter(config: PipelineConfig) -> str:
+    """``actor.python``, else the vLLM environment's for the vllm engine, else this interpreter."""
+    if config.actor.python:
+        return config.actor.python
+    return str(vllm_python()) if config.actor.engine == "vllm" else sys.executable
+
+
 def build_stages(
     config: PipelineConfig, run_dir: Path, model_path: Path, role: Role | None = None, node: int = 0
 ) -> list[Stage]:
@@ -161,7 +173,7 @@ def build_stages(
                 logs / "preprocessor.log",
             )
         )
-    actor_python = config.actor.python or python
+    actor_python = actor_interpreter(config)
     for actor_id in share.actor_ids:
         command = [actor_python, "-m", "pipelinerl.workers.actor", *common, "--actor-id", str(actor_id)]
         stages.append(

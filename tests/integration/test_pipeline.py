@@ -83,6 +83,21 @@ def test_pipeline_mode_updates_in_flight(tmp_path, random_model_dir):
     assert (result.run_dir / "final" / "config.json").exists()
 
 
+def test_actors_that_outrun_the_trainer_are_held_back(tmp_path, random_model_dir):
+    """Batches of one group (B=4) while 16 sequences are in flight: the actor finishes four steps'
+    worth at once. With transport.batches_ahead=1 no batch may leave before the trainer has published
+    the version before it, so the data (and its lag) waits upstream instead of queueing."""
+    config = small_config(
+        tmp_path, random_model_dir, "rl.batch_size=4", "run.max_steps=8", "transport.batches_ahead=1"
+    )
+    result = launch(config)
+    sent = [json.loads(line) for line in (result.run_dir / "preprocessor.jsonl").read_text().splitlines()]
+    # Steps 0..7 were trained; one more batch may have left as the trainer finished.
+    assert [r["step"] for r in sent] in (list(range(8)), list(range(9)))
+    assert all(r["step"] <= r["trainer_version"] for r in sent), sent
+    assert sum(r["preprocessor/held_s"] > 0.01 for r in sent) >= 2, "the bound was reached and held batches"
+
+
 def test_conventional_mode_never_mixes_versions(tmp_path, random_model_dir):
     config = small_config(tmp_path, random_model_dir, "run.mode=conventional", "run.steps_per_round=2")
     result = launch(config)

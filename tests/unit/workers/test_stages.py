@@ -74,3 +74,23 @@ def test_a_second_trainer_node_gets_global_ranks_and_local_ranks(tmp_path: Path)
         ("3", "1", "4"),
     ]
     assert all(s.env["MASTER_PORT"] == str(split.transport.port("trainer_dist")) for s in stages)
+
+
+def test_the_actor_interpreter_must_exist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import sys
+
+    from pipelinerl.workers import stages
+    from pipelinerl.workers.launcher import check_actor_interpreter
+
+    check_actor_interpreter(config())  # this interpreter
+    with pytest.raises(ConfigError, match="actor.python='/nowhere/python' does not exist"):
+        check_actor_interpreter(config("actor.python=/nowhere/python"))
+    monkeypatch.setattr(stages, "vllm_python", lambda: tmp_path / ".venv-vllm" / "bin" / "python")
+    vllm = config("actor.engine=vllm")
+    assert stages.actor_interpreter(vllm) == str(tmp_path / ".venv-vllm" / "bin" / "python")
+    with pytest.raises(ConfigError, match="make vllm-env"):
+        check_actor_interpreter(vllm)
+    assert (
+        stages.actor_interpreter(config("actor.engine=vllm", f"actor.python={sys.executable}"))
+        == sys.executable
+    )
