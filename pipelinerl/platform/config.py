@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -123,6 +123,11 @@ class ActorConfig(Section):
     )
     kv_cache_gib: float = Field(1.0, gt=0, description="vllm engine: memory for the KV cache, in GiB.")
     torch_threads: int = Field(1, ge=1, description="torch threads of each actor process.")
+    cpus: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list,
+        description="CPU cores the actor processes are confined to (empty: no pinning). With trainer.cpus, "
+        "gives actor and trainer their own cores, as they would own their own GPUs (benchmarks).",
+    )
     python: str | None = Field(
         None,
         description="Interpreter that runs the actor (default: the current one). The vllm engine needs "
@@ -161,6 +166,10 @@ class TrainerConfig(Section):
         8192, ge=16, description="Padded tokens per micro-batch (sequences x longest length)."
     )
     torch_threads: int = Field(1, ge=1, description="torch threads of each trainer process.")
+    cpus: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list,
+        description="CPU cores the trainer ranks and the preprocessor are confined to (empty: no pinning).",
+    )
     checkpoint_every: int = Field(
         25,
         ge=0,

@@ -147,8 +147,13 @@ class Actor:
         from pipelinerl.workers.transformers_engine import TransformersEngine
 
         actor = self.config.actor
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        if self.config.model.lm_head_fp32:
+            from pipelinerl.workers.lm_head import float32_lm_head
+
+            float32_lm_head(model)
         return TransformersEngine(
-            AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32),
+            model,
             eos_token_id=self.tokenizer.eos_token_id,
             max_in_flight=actor.max_in_flight,
             max_new_tokens=actor.max_new_tokens,
@@ -180,6 +185,7 @@ class Actor:
             policy_version=starting_version(self.config.run.resume_from),
             kv_cache_on_update=actor.kv_cache_on_update,
             kv_cache_gib=actor.kv_cache_gib,
+            lm_head_fp32=self.config.model.lm_head_fp32,
             cpu_threads=actor.torch_threads,
             weight_group=WeightGroupAddress(
                 transport.host, transport.port("weight_group"), 1 + self.actor_id, 1 + actor.num_actors

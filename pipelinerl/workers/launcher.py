@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import threading
 import time
@@ -84,6 +85,7 @@ def preflight(config: PipelineConfig) -> None:
 
     if config.cluster.placement == "local":  # placed on the pools, the actors' nodes have their own
         check_actor_interpreter(config)  # interpreters, and the ports are on trainer node 0
+        check_cpus(config)
         for address in config.transport.all_bound_addresses(config.trainer.num_processes):
             check_bindable(address, setting="transport.base_port")
     if config.tracking.enabled:  # an unreachable store fails now, not after the model is prepared
@@ -101,6 +103,18 @@ def preflight(config: PipelineConfig) -> None:
                 f"run.resume_from={str(config.run.resume_from)!r} is at policy version "
                 f"{info.policy_version}; run.max_steps={config.run.max_steps} leaves nothing to train "
                 "(max_steps counts versions from 0, so raise it)"
+            )
+
+
+def check_cpus(config: PipelineConfig) -> None:
+    """The cores actor and trainer are pinned to exist for this process."""
+    from pipelinerl.platform.config import ConfigError
+
+    available = os.sched_getaffinity(0)
+    for setting, cpus in (("actor.cpus", config.actor.cpus), ("trainer.cpus", config.trainer.cpus)):
+        if missing := sorted(set(cpus) - available):
+            raise ConfigError(
+                f"{setting}={cpus}: core(s) {missing} are not available here; valid: {sorted(available)}"
             )
 
 

@@ -51,10 +51,18 @@ class Stage:
     command: list[str]
     env: dict[str, str]
     log_path: Path
+    cpus: tuple[int, ...] = ()  # CPU cores it is confined to (empty: any)
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, cwd: Path) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        cpus = self.cpus
+
+        def before_exec() -> None:  # only prctl and sched_setaffinity: no locks taken
+            _die_with_parent()
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 self.command,
@@ -63,7 +71,7 @@ class Stage:
                 stderr=subprocess.STDOUT,
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 (only prctl; no locks taken)
+                preexec_fn=before_exec,  # noqa: PLW1509
             )
 
     @property
@@ -162,6 +170,7 @@ def build_stages(
                 [*command, "--model-path", str(model_path)],
                 env,
                 logs / f"trainer{rank}.log",
+                tuple(config.trainer.cpus),
             )
         )
     if share.preprocessor:
@@ -171,6 +180,7 @@ def build_stages(
                 [python, "-m", "pipelinerl.workers.preprocessor", *common],
                 stage_env(1),
                 logs / "preprocessor.log",
+                tuple(config.trainer.cpus),
             )
         )
     actor_python = actor_interpreter(config)
@@ -182,6 +192,7 @@ def build_stages(
                 [*command, "--model-path", str(model_path)],
                 stage_env(config.actor.torch_threads),
                 logs / f"actor{actor_id}.log",
+                tuple(config.actor.cpus),
             )
         )
     return stages

@@ -98,6 +98,10 @@ class Trainer:
         self.torch = torch
         torch.manual_seed(config.run.seed)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        if config.model.lm_head_fp32:
+            from pipelinerl.workers.lm_head import float32_lm_head
+
+            float32_lm_head(model)
         if config.trainer.num_processes == 1:
             # One rank has nobody to share memory with: skip compiling DeepSpeed's CPU shared-memory
             # collective op (about a minute of g++ on a fresh machine).

@@ -106,6 +106,7 @@ class VLLMEngine:
         weight_group: WeightGroupAddress | None = None,
         dtype: str = "float32",
         kv_cache_gib: float = 1.0,
+        lm_head_fp32: bool = False,
         tensor_parallel_size: int = 1,
         enforce_eager: bool = True,
         cpu_threads: int | None = None,
@@ -148,6 +149,8 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",  # behaviour log-probs after temperature
             worker_extension_cls=EXTENSION,
             disable_log_stats=True,
+            # vLLM's switch for an fp32 head (model.lm_head_fp32, lm_head.py); a no-op with float32 weights.
+            hf_overrides={"head_dtype": "float32"} if lm_head_fp32 else {},
         )
         self._results: queue.Queue[CompletedSequence | BaseException] = queue.Queue()
         self._outstanding: set[str] = set()

@@ -94,3 +94,40 @@ def test_the_actor_interpreter_must_exist(tmp_path: Path, monkeypatch: pytest.Mo
         stages.actor_interpreter(config("actor.engine=vllm", f"actor.python={sys.executable}"))
         == sys.executable
     )
+
+
+def test_actor_and_trainer_cores(tmp_path: Path):
+    import os
+
+    from pipelinerl.workers.launcher import check_cpus
+
+    pinned = config("actor.cpus=[0]", "trainer.cpus=[1]")
+    stages = {s.name: s.cpus for s in build_stages(pinned, tmp_path, tmp_path / "model")}
+    assert stages == {"trainer0": (1,), "preprocessor": (1,), "actor0": (0,)}
+    assert all(s.cpus == () for s in build_stages(config(), tmp_path, tmp_path / "model"))
+    missing = max(os.sched_getaffinity(0)) + 1
+    with pytest.raises(
+        ConfigError, match=rf"actor.cpus=\[{missing}\]: core\(s\) \[{missing}\] are not available"
+    ):
+        check_cpus(config(f"actor.cpus=[{missing}]"))
+    with pytest.raises(ConfigError, match="trainer.cpus"):
+        config("trainer.cpus=[-1]")
+
+
+def test_a_pinned_stage_runs_on_its_core(tmp_path: Path):
+    import os
+    import sys
+
+    from pipelinerl.workers.stages import Stage
+
+    core = min(os.sched_getaffinity(0))
+    stage = Stage(
+        "probe",
+        [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+        dict(os.environ),
+        tmp_path / "probe.log",
+        (core,),
+    )
+    stage.start(cwd=tmp_path)
+    assert stage.process is not None and stage.process.wait(timeout=30) == 0
+    assert stage.log_path.read_text().strip() == f"[{core}]"
