@@ -83,6 +83,13 @@ class ModelConfig(Section):
         description="Most supervised steps of the embedded model's warm-start; it stops earlier once the "
         "task is partly learned (ignored with a path).",
     )
+    lm_head_fp32: bool = Field(
+        False,
+        description="Compute the LM head (hidden states to vocabulary logits) in float32 on the trainer and "
+        "the actors when the weights are in a lower precision (bf16/fp16): same head math on both sides, "
+        "a smaller rl/behaviour_mismatch. The weights keep their precision. Every engine loads float32 "
+        "weights today, where it changes nothing.",
+    )
 
     @field_validator("path")
     @classmethod
@@ -277,7 +284,6 @@ class TransportConfig(Section):
     queue_size: int = Field(
         32, ge=1, description="High-water mark of the rollout queue, in messages (bounds memory and lag)."
     )
-
     batches_ahead: int = Field(
         2,
         ge=1,
