@@ -2,8 +2,11 @@
 
 The trainer and preprocessor run from this environment; the actor runs under
 ``.venv-vllm/bin/python`` (``actor.python``) and its vLLM worker joins the trainer's gloo weight
-group. Bookkeeping runs use a small random model (head size 32, which vLLM's CPU attention needs);
-the learning run uses the embedded warm-started model, as ``pipelinerl run`` does.
+group. Two runs, each paying one vLLM start-up (about 40 s): a short async run on a small random
+model (head size 32, which vLLM's CPU attention needs), and a pipeline run of the embedded
+warm-started model, as ``pipelinerl run`` does, that updates in flight and learns. The cache
+policy ``recompute`` and exact version stamps are checked by the engine tests
+(``test_vllm_engine.py``), which recompute every log-prob.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import pytest
 
 from pipelinerl.workers.launcher import launch
 from tests.conftest import build_random_model_dir
+from tests.integration.test_behaviour_mismatch import check_behaviour_mismatch
 from tests.integration.test_pipeline import check_records_against_token_data, small_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,8 +37,8 @@ def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_random_model_dir(tmp_path_factory.mktemp("vllm-model"), hidden_size=128)
 
 
-# Ports apart from test_pipeline's, so that both modules may run at once.
-_next_port = iter(range(22100, 22700, 20))
+# Ports apart from the other modules' runs, so that they may run at once.
+_next_port = iter(range(25200, 25600, 20))
 
 
 def vllm_config(tmp_path: Path, model_dir: Path, *overrides: str):
@@ -48,44 +52,39 @@ def vllm_config(tmp_path: Path, model_dir: Path, *overrides: str):
     )
 
 
-def test_vllm_actor_updates_in_flight(tmp_path, vllm_model_dir):
-    result = launch(vllm_config(tmp_path, vllm_model_dir, "run.mode=pipeline"))
-    summary = result.summary
-    assert summary["steps"] == 4 and summary["final_policy_version"] == 4
-    assert summary["inflight_sequences"] > 0, "some sequences were written by two or more versions"
-    check_records_against_token_data(result)
-    actor_records = [json.loads(line) for line in (result.run_dir / "actor0.jsonl").read_text().splitlines()]
-    pauses = [record["weights/update_pause_ms"] for record in actor_records]
-    assert pauses and max(pauses) < 10_000
-
-
 def test_vllm_actor_async_mode_stages_weights_in_its_workers(tmp_path, vllm_model_dir):
     result = launch(vllm_config(tmp_path, vllm_model_dir, "run.mode=async", "run.max_lag=1"))
     assert result.summary["steps"] == 4
     assert result.summary["inflight_sequences"] == 0
     check_records_against_token_data(result)
+    # vLLM and the trainer in float32 on the CPU: lag-0 log-probs agree to rounding.
+    assert max(check_behaviour_mismatch(result)) < 1e-3
 
 
-def test_vllm_actor_recomputes_the_cache_on_update(tmp_path, vllm_model_dir):
-    config = vllm_config(tmp_path, vllm_model_dir, "run.mode=pipeline", "actor.kv_cache_on_update=recompute")
-    result = launch(config)
-    assert result.summary["steps"] == 4
-    check_records_against_token_data(result)
-
-
-def test_a_vllm_run_learns_on_the_embedded_default(tmp_path, warm_model_dir):
-    """The default experiment (100 steps, 200 held-out problems) with the vLLM actor: held-out
-    success rises (measured: 45.0 % -> 61.0 %, and 41 % -> 52 % on 100 problems; about 7 minutes)."""
+def test_a_vllm_run_updates_in_flight_and_learns(tmp_path, warm_model_dir):
+    """The default experiment in pipeline mode with the vLLM actor, shortened to 40 steps and 100
+    held-out problems: sequences are written across in-flight updates, the logged statistics match
+    the per-token data, and held-out success rises (measured here: 41 % -> 51 %, 51 %, 53 % after 40
+    steps in three runs, never below 44 % at any checkpoint; 45.0 % -> 61.0 % on 200 problems after 100
+    steps). About 3.5 minutes of the module's 5 on a busy 2-core machine."""
     result = launch(
         vllm_config(
             tmp_path,
             warm_model_dir,
-            "run.max_steps=100",
+            "run.mode=pipeline",
+            "run.max_steps=40",
             "rl.batch_size=32",
             "actor.max_in_flight=32",
-            "task.eval_problems=200",
+            "task.eval_problems=100",
+            "trainer.checkpoint_every=0",
         )
     )
     summary = result.summary
-    assert summary["steps"] == 100
+    assert summary["steps"] == 40 and summary["final_policy_version"] == 40
+    assert summary["inflight_sequences"] > 0, "some sequences were written by two or more versions"
+    check_records_against_token_data(result)
+    check_behaviour_mismatch(result)
+    actor_records = [json.loads(line) for line in (result.run_dir / "actor0.jsonl").read_text().splitlines()]
+    pauses = [record["weights/update_pause_ms"] for record in actor_records]
+    assert pauses and max(pauses) < 10_000
     assert summary["eval_success_end"] > summary["eval_success_start"], summary
