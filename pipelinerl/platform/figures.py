@@ -150,3 +150,26 @@ def comparison(runs: Mapping[str, Sequence[Record]], title: str = "", window: in
     if title:
         figure.suptitle(title)
     return figure
+
+
+def learning_overlay(
+    curves: Mapping[str, Sequence[Sequence[tuple[float, int, float]]]], target: float, title: str = ""
+) -> Figure:
+    """Held-out success against wall time and against samples: one colour per variant, one line per
+    seed, each point a checkpoint ``(wall s, samples, success)``; the target as a dashed line."""
+    figure = _figure(11.0, 4.2)
+    by_time, by_samples = figure.subplots(1, 2).flat
+    for index, (label, seeds) in enumerate(curves.items()):
+        for number, points in enumerate(seeds):
+            walls, samples, success = zip(*points, strict=True) if points else ((), (), ())
+            name = label if number == 0 else None
+            by_time.plot(walls, success, marker="o", markersize=3, color=f"C{index}", label=name)
+            by_samples.plot(samples, success, marker="o", markersize=3, color=f"C{index}", label=name)
+    for axes, xlabel in ((by_time, "wall time (s)"), (by_samples, "samples trained")):
+        axes.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.0%}")
+        axes.set_xlabel(xlabel)
+        axes.set_ylabel("held-out success")
+        axes.legend(fontsize=8)
+    if title:
+        figure.suptitle(title)
+    return figure

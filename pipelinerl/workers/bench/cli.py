@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
 bench_app = typer.Typer(
-    help="Benchmarks: engine and transport speed, written to docs/benchmarks/<name>.json.",
+    help="Benchmarks: learning speed, engine and transport speed, written to docs/benchmarks/<name>.json.",
     no_args_is_help=True,
 )
 console = Console()
@@ -269,4 +269,95 @@ def transport(
         load_before=load_before,
         started_at=started_at,
         render=render_transport_table,
+    )
+
+
+@bench_app.command()
+def learning(
+    config_path: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="Base experiment config (TOML); default: the embedded."),
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="Override on the base config: section.key=value.")
+    ] = None,
+    gs: Annotated[
+        str, typer.Option("--gs", help="Conventional baselines' G values, comma-separated.")
+    ] = "1,4,8",
+    no_async: Annotated[bool, typer.Option("--no-async", help="Leave out the async ablation.")] = False,
+    seeds: Annotated[
+        str, typer.Option("--seeds", help="Seeds, comma-separated (medians are reported).")
+    ] = "0",
+    steps: Annotated[int, typer.Option("--steps", min=2, help="Optimizer steps of every run.")] = 100,
+    eval_every: Annotated[
+        int, typer.Option("--eval-every", min=1, help="Versions between checkpoints evaluated on held-out.")
+    ] = 10,
+    eval_problems: Annotated[int, typer.Option("--eval-problems", min=8, help="Held-out problems.")] = 200,
+    target_gain: Annotated[
+        float,
+        typer.Option("--target-gain", min=0.0, help="Target = the warm-start's held-out success plus this."),
+    ] = 0.10,
+    no_pin: Annotated[
+        bool, typer.Option("--no-pin", help="Do not give actor and trainer their own cores.")
+    ] = False,
+    quick: QuickOption = False,
+    out: OutOption = None,
+) -> None:
+    """PipelineRL against conventional RL (G = 1, 4, 8) and async: time to a held-out success target."""
+    from pipelinerl.platform.config import ConfigError, load_config, with_overrides
+    from pipelinerl.workers.bench.learning import run_learning_bench, variants
+    from pipelinerl.workers.bench.report import load_average, target_check
+
+    try:
+        g_values = [int(part) for part in gs.split(",") if part.strip()]
+        seed_values = [int(part) for part in seeds.split(",") if part.strip()]
+    except ValueError:
+        raise _fail(f"--gs {gs!r} and --seeds {seeds!r} must be comma-separated integers") from None
+    if not seed_values or any(g < 1 for g in g_values) or any(s < 0 for s in seed_values):
+        raise _fail(f"--gs needs values >= 1 and --seeds values >= 0 (got {gs!r}, {seeds!r})")
+    if quick:
+        steps, eval_every, eval_problems, g_values = 4, 2, 16, [2]
+    try:
+        base = load_config(config_path, list(set_ or []))
+        base = with_overrides(base, {"run.max_steps": steps, "task.eval_problems": eval_problems})
+    except ConfigError as error:
+        raise _fail(str(error)) from None
+    load_before, started_at = load_average(), datetime.now(UTC)
+    chosen = variants(g_values, with_async=not no_async)
+    report = run_learning_bench(
+        base,
+        chosen=chosen,
+        seeds=seed_values,
+        target_gain=target_gain,
+        eval_every=eval_every,
+        pin=not no_pin,
+        on_status=lambda text: console.log(text, markup=False, highlight=False),
+    )
+    headline = report["headline"]
+    targets = {}
+    if g_values:  # the paper's comparison: at least 2x sooner than G = max, with no lower ESS
+        largest = f"conventional_g{max(g_values)}"
+        targets[f"speedup_vs_{largest}"] = target_check(headline.get(f"speedup_vs_{largest}"), at_least=2.0)
+        if (baseline_ess := headline.get(f"ess_mean_{largest}")) is not None:
+            targets["ess_mean_pipeline"] = target_check(
+                headline.get("ess_mean_pipeline"), at_least=baseline_ess
+            )
+    from pipelinerl.workers.bench.learning import TABLE_HEADERS, table_rows
+    from pipelinerl.workers.bench.report import markdown_table
+
+    _finish(
+        "learning",
+        report,
+        targets=targets,
+        settings={
+            **report["details"].pop("settings"),
+            "gs": g_values,
+            "with_async": not no_async,
+            "target_gain": target_gain,
+            "quick": quick,
+        },
+        out=out,
+        load_before=load_before,
+        started_at=started_at,
+        render=lambda record: markdown_table(TABLE_HEADERS, table_rows(record)),
     )

@@ -1,0 +1,66 @@
+"""``pipelinerl bench learning --quick`` for real: runs, checkpoint evaluations, the JSON record, the
+MLflow parent with its children and figure (numbers are meaningless at this size; no timing checks)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
+    out = tmp_path / "learning.json"
+    command = [
+        str(Path(sys.executable).parent / "pipelinerl"),
+        "bench",
+        "learning",
+        "--quick",
+        "--no-async",
+        "--set",
+        f"model.path={random_model_dir}",
+        "--set",
+        f"run.output_dir={tmp_path / 'runs'}",
+        "--set",
+        "transport.base_port=22600",
+        "--out",
+        str(out),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "learning"
+    for key in (
+        "speedup_vs_conventional_g2",
+        "ess_mean_pipeline",
+        "ess_mean_conventional_g2",
+        "target_success",
+    ):
+        assert key in record, key
+    assert 0.0 < record["ess_mean_pipeline"] <= 1.0
+    assert record["target_success"] == pytest.approx(record["start_success"] + 0.10)
+    rows = {row["variant"]: row for row in record["variants"]}
+    assert set(rows) == {"pipeline", "conventional_g2"}
+    for run in record["runs"]:
+        versions_evaluated = len(run["points"]) - 1
+        assert versions_evaluated == 2, "checkpoints at v2 and v4 (final) were evaluated"
+        assert all(math.isfinite(success) and 0 <= success <= 1 for _, _, success in run["points"])
+    assert record["settings"]["actor_cpus"] != record["settings"]["trainer_cpus"] or os.cpu_count() == 1
+    assert "| pipeline |" in done.stdout
+
+    client = mlflow.MlflowClient()
+    parent = client.get_run(record["settings"]["mlflow_parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "figures")}
+    assert "figures/learning.png" in artifacts
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    assert len(children) == 2 and all(child.info.status == "FINISHED" for child in children)

@@ -1,0 +1,102 @@
+"""The learning benchmark's pure logic: success curves, time to target, speed-ups, the core split."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelinerl.workers.bench.learning import (
+    VariantResult,
+    speedups,
+    split_cores,
+    success_curve,
+    summarize_bench,
+    time_to_target,
+    variants,
+)
+
+
+def record(version: int, wall: float, samples: int) -> dict:
+    return {"policy_version": version, "wall_s": wall, "samples/trained": samples}
+
+
+def test_success_curve_starts_at_version_zero_and_follows_evaluated_versions():
+    records = [record(v, 10.0 * v, 32 * v) for v in range(1, 7)]
+    points = success_curve(0.30, {6: 0.5, 2: 0.35, 4: 0.42}, records)
+    assert points == [(0.0, 0, 0.30), (20.0, 64, 0.35), (40.0, 128, 0.42), (60.0, 192, 0.5)]
+
+
+def test_time_to_target_is_the_first_checkpoint_at_or_above_it():
+    points = [(0.0, 0, 0.30), (20.0, 64, 0.41), (40.0, 128, 0.39), (60.0, 192, 0.5)]
+    assert time_to_target(points, 0.40) == 20.0
+    assert time_to_target(points, 0.45) == 60.0
+    assert time_to_target(points, 0.60) is None
+
+
+def test_speedups_are_baseline_time_over_pipeline_time():
+    assert speedups({"pipeline": 50.0, "conventional_g8": 120.0, "async": None}) == {
+        "conventional_g8": 2.4,
+        "async": None,
+    }
+    assert speedups({"pipeline": None, "conventional_g1": 10.0}) == {"conventional_g1": None}
+
+
+def test_cores_split_in_halves():
+    assert split_cores([0, 1]) == ([0], [1])
+    assert split_cores([3, 0, 2, 1]) == ([0, 1], [2, 3])
+    assert split_cores([0]) == ([], [])
+
+
+def test_variants_are_named_for_the_json_keys():
+    assert [v.label for v in variants()] == [
+        "pipeline",
+        "conventional_g1",
+        "conventional_g4",
+        "conventional_g8",
+        "async",
+    ]
+    assert variants([8], with_async=False)[1].overrides == {
+        "run.mode": "conventional",
+        "run.steps_per_round": 8,
+    }
+
+
+def result(label: str, seed: int, ttt: float | None, ess: float) -> VariantResult:
+    return VariantResult(
+        label=label,
+        seed=seed,
+        run_dir="runs/x",
+        points=[],
+        time_to_target_s=ttt,
+        ess_mean=ess,
+        ess_min=ess - 0.01,
+        lag_mean=1.0,
+        lag_p90=2.0,
+        lag_max=3,
+        actor_idle_fraction=None,
+        trainer_idle_fraction=0.2,
+        samples_per_s=10.0,
+        tokens_per_s=300.0,
+        eval_success_end=0.5,
+        wall_s=100.0,
+    )
+
+
+def test_summary_takes_medians_over_seeds_and_names_the_headline_keys():
+    results = [
+        result("pipeline", 0, 40.0, 0.99),
+        result("pipeline", 1, 60.0, 0.97),
+        result("conventional_g8", 0, 100.0, 1.0),
+        result("conventional_g8", 1, 140.0, 1.0),
+    ]
+    report = summarize_bench(results, 0.3, 0.4, ["pipeline", "conventional_g8"])
+    headline = report["headline"]
+    assert headline["speedup_vs_conventional_g8"] == pytest.approx(120.0 / 50.0)
+    assert headline["ess_mean_pipeline"] == pytest.approx(0.98)
+    assert headline["ess_mean_conventional_g8"] == 1.0
+    rows = {row["variant"]: row for row in report["details"]["variants"]}
+    assert rows["conventional_g8"]["time_to_target_s_per_seed"] == [100.0, 140.0]
+    # A seed that never reached the target leaves the median undefined rather than optimistic.
+    partial = summarize_bench(
+        [*results[:3], result("conventional_g8", 1, None, 1.0)], 0.3, 0.4, ["pipeline", "conventional_g8"]
+    )
+    assert partial["headline"]["speedup_vs_conventional_g8"] is None
