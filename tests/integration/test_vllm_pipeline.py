@@ -64,9 +64,9 @@ def test_vllm_actor_async_mode_stages_weights_in_its_workers(tmp_path, vllm_mode
 def test_a_vllm_run_updates_in_flight_and_learns(tmp_path, warm_model_dir):
     """The default experiment in pipeline mode with the vLLM actor, shortened to 40 steps and 100
     held-out problems: sequences are written across in-flight updates, the logged statistics match
-    the per-token data, and held-out success rises (measured here: 41 % -> 51 %, 51 %, 53 % after 40
-    steps in three runs, never below 44 % at any checkpoint; 45.0 % -> 61.0 % on 200 problems after 100
-    steps). About 3.5 minutes of the module's 5 on a busy 2-core machine."""
+    the per-token data, and held-out success rises (measured here: 41 % -> 51 %, 51 %, 52 %, 53 % after
+    40 steps in four runs, never below 44 % at any checkpoint; 45.0 % -> 61.0 % on 200 problems after
+    100 steps). 2 to 3.5 minutes; the module 3 to 5 on a shared 2-core machine."""
     result = launch(
         vllm_config(
             tmp_path,
