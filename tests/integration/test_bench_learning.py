@@ -54,6 +54,7 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
         assert all(math.isfinite(success) and 0 <= success <= 1 for _, _, success in run["points"])
     assert record["settings"]["actor_cpus"] != record["settings"]["trainer_cpus"] or os.cpu_count() == 1
     assert "| pipeline |" in done.stdout
+    assert out.with_suffix(".png").stat().st_size > 10_000, "the overlay figure beside the record"
 
     client = mlflow.MlflowClient()
     parent = client.get_run(record["settings"]["mlflow_parent_run_id"])

@@ -361,3 +361,11 @@ def learning(
         started_at=started_at,
         render=lambda record: markdown_table(TABLE_HEADERS, table_rows(record)),
     )
+    import json
+
+    from pipelinerl.workers.bench.learning import save_overlay
+    from pipelinerl.workers.bench.report import default_path
+
+    record_path = out or default_path("learning")
+    figure = save_overlay(json.loads(record_path.read_text()), record_path.with_suffix(".png"))
+    console.print(f"overlay figure: {figure}", markup=False, highlight=False)

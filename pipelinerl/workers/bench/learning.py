@@ -239,6 +239,21 @@ def run_learning_bench(
             parent.finish(outcome)
 
 
+def save_overlay(record: dict[str, Any], path: Path) -> Path:
+    """The overlay figure of a ``learning.json`` record, as a PNG beside it (``docs/benchmarks/``)."""
+    from pipelinerl.platform.figures import learning_overlay
+
+    curves: dict[str, list[list[Point]]] = {}
+    for run in record["runs"]:
+        curves.setdefault(run["label"], []).append([tuple(point) for point in run["points"]])  # type: ignore[misc]
+    figure = learning_overlay(
+        curves, record["target_success"], title="Held-out success: PipelineRL vs baselines"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    return path
+
+
 def curves_by_label(results: Sequence[VariantResult]) -> dict[str, list[list[Point]]]:
     curves: dict[str, list[list[Point]]] = {}
     for result in results:
