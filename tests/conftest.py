@@ -112,3 +112,16 @@ def second_postgres_url() -> Iterator[str]:
     """Another fresh database (MLflow and the platform tables must not share one)."""
     with fresh_postgres_database() as url:
         yield url
+
+
+def non_loopback_ipv4() -> str | None:
+    """This machine's first IPv4 address that is not loopback (None if it has none)."""
+    import socket
+
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return address.address
+    return None

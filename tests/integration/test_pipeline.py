@@ -10,7 +10,6 @@ per-token data it saved for the same step.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import zmq
 
 from pipelinerl.platform.config import load_config
 from pipelinerl.workers.launcher import launch
+from tests.conftest import non_loopback_ipv4
 
 pytestmark = pytest.mark.slow
 
@@ -165,16 +165,6 @@ def test_malformed_frames_are_rejected_and_the_run_continues(tmp_path, random_mo
     logs = result.run_dir / "logs"
     assert "skipped a malformed message" in (logs / "preprocessor.log").read_text()
     assert "skipped a malformed message" not in (logs / "trainer0.log").read_text()
-
-
-def non_loopback_ipv4() -> str | None:
-    import psutil
-
-    for addresses in psutil.net_if_addrs().values():
-        for address in addresses:
-            if address.family == socket.AF_INET and not address.address.startswith("127."):
-                return address.address
-    return None
 
 
 def test_a_run_beyond_loopback_is_encrypted_and_refuses_strangers(tmp_path, random_model_dir):

@@ -15,30 +15,14 @@ import psutil
 import pytest
 
 from pipelinerl.platform.checkpoint import read_info
-from pipelinerl.platform.config import load_config
 from pipelinerl.workers.launcher import StageFailed, launch
+from tests.integration.test_pipeline import small_config as pipeline_config
 
 pytestmark = pytest.mark.slow
 
-_next_port = iter(range(22300, 22500, 20))
-
 
 def small_config(tmp_path: Path, model_dir: Path, *overrides: str):
-    return load_config(
-        None,
-        [
-            f"model.path={model_dir}",
-            f"run.output_dir={tmp_path}",
-            f"run.home={tmp_path / 'home'}",
-            "rl.group_size=4",
-            "rl.batch_size=16",
-            "actor.max_in_flight=16",
-            "task.eval_problems=16",
-            "trainer.checkpoint_every=2",
-            f"transport.base_port={next(_next_port)}",
-            *overrides,
-        ],
-    )
+    return pipeline_config(tmp_path, model_dir, "trainer.checkpoint_every=2", *overrides)
 
 
 def stage_processes(run_dir: Path, marker: str) -> list[psutil.Process]:

@@ -29,6 +29,7 @@ from pipelinerl.platform.wire import (
     WeightUpdate,
     encode,
 )
+from tests.conftest import non_loopback_ipv4
 
 ANY_PORT = "tcp://127.0.0.1:*"  # ZeroMQ picks a free port; the socket's .address says which
 
@@ -288,16 +289,6 @@ def test_close_is_idempotent(context: zmq.Context) -> None:
 
 
 # --- CurveZMQ: what a run whose transport.host is not loopback uses ---
-
-
-def non_loopback_ipv4() -> str | None:
-    import psutil
-
-    for addresses in psutil.net_if_addrs().values():
-        for address in addresses:
-            if address.family == socket.AF_INET and not address.address.startswith("127."):
-                return address.address
-    return None
 
 
 def test_curve_keys_are_written_once_with_private_secrets(tmp_path) -> None:
