@@ -5,6 +5,9 @@ VENV   := .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Two test workers, one test module each at a time (the modules' fixed ports are per worker);
+# PYTEST_WORKERS= runs the suite in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadfile
 
 .PHONY: run test lint clean vllm-env
 
@@ -20,7 +23,7 @@ run: $(STAMP)
 	$(VENV)/bin/pipelinerl run $(ARGS)
 
 test: $(STAMP)
-	$(PYTHON) -m pytest $(PYTEST_ARGS)
+	$(PYTHON) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pipelinerl tests

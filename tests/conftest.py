@@ -17,6 +17,25 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 POSTGRES_URL = os.environ.get("PIPELINERL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
+# Parallel test workers (pytest-xdist, ``make test`` runs two) each get their own block of the fixed
+# ports the modules use (21000-26000), shifted by this much per worker; two workers stay below the
+# ephemeral range (32768+) where the OS hands out the ports of ``bind(0)``.
+WORKER_PORT_SHIFT = 5000
+MAX_PORT_WORKERS = 2
+
+
+def worker_port(port: int) -> int:
+    """``port`` in this test worker's own range, so parallel workers never bind the same port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker.removeprefix("gw"))
+    if index >= MAX_PORT_WORKERS:
+        raise RuntimeError(
+            f"test worker {worker!r}: the fixed port ranges support {MAX_PORT_WORKERS} workers "
+            "(pytest -n 1 or -n 2)"
+        )
+    return port + WORKER_PORT_SHIFT * index
+
+
 def build_random_model_dir(path: Path, seed: int = 0, hidden_size: int = 64) -> Path:
     """A small random Qwen2 model with the task tokenizer, saved as a Hugging Face directory."""
     import torch

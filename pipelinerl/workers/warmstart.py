@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock, Timeout
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from pipelinerl.tasks import Problem, Task, get_task
@@ -324,8 +325,27 @@ def ensure_warm_start(
     if (target / METADATA_FILE).is_file():
         _report(console, f"warm-start: reusing {target}")
         return target
-    model, tokenizer, metadata = train_warm_start(settings, console)
     cache_dir.mkdir(parents=True, exist_ok=True)
+    # One process trains a given warm start; others (parallel test workers, a second `make run`)
+    # wait for it and reuse its result instead of training the same model again.
+    lock = FileLock(cache_dir / f".{target.name}.lock")
+    try:
+        held = lock.acquire(timeout=1)
+    except Timeout:
+        _report(console, f"warm-start: another process is training {target.name}; waiting for it")
+        held = lock.acquire()
+    with held:
+        if (target / METADATA_FILE).is_file():
+            _report(console, f"warm-start: reusing {target}")
+            return target
+        _train_into(target, settings, console)
+    return target
+
+
+def _train_into(target: Path, settings: WarmStartSettings, console: Any) -> None:
+    """Train the warm start and move it to ``target`` in one rename (never half-written)."""
+    cache_dir = target.parent
+    model, tokenizer, metadata = train_warm_start(settings, console)
     staging = cache_dir / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         model.save_pretrained(staging)
@@ -348,7 +368,6 @@ def ensure_warm_start(
         f"on {metadata['eval_sample_size']} problems after {metadata['train_seconds']:.0f} s; "
         f"saved to {target}",
     )
-    return target
 
 
 def _report(console: Any, message: str) -> None:

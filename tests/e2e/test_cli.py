@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import worker_port
+
 PIPELINERL = [sys.executable, "-m", "pipelinerl.cli"]
 
 
@@ -95,7 +97,7 @@ def test_run_writes_the_run_directory(tmp_path, random_model_dir):
         "--set", "run.max_steps=3",
         "--set", "rl.batch_size=16",
         "--set", "task.eval_problems=16",
-        "--set", "transport.base_port=21950",
+        "--set", f"transport.base_port={worker_port(21950)}",
         timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -128,7 +130,7 @@ def test_unreachable_tracking_stores_stop_the_run_at_once(tmp_path, random_model
         "run",
         "--set", f"model.path={random_model_dir}",
         "--set", f"run.output_dir={tmp_path}",
-        "--set", "transport.base_port=21970",
+        "--set", f"transport.base_port={worker_port(21970)}",
     ]  # fmt: skip
     server = run_cli(*common, "--set", f"tracking.mlflow_uri=http://127.0.0.1:{port}", timeout=60)
     assert server.returncode == 1
@@ -183,7 +185,7 @@ def test_sigterm_stops_every_stage_and_marks_the_run_killed(tmp_path, random_mod
 
     from pipelinerl.platform.store import PlatformStore
 
-    process, run_dir = _start_long_run(tmp_path, random_model_dir, 21990)
+    process, run_dir = _start_long_run(tmp_path, random_model_dir, worker_port(21990))
     assert len(_processes_of(run_dir)) >= 3, "actor, preprocessor and trainer are running"
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=120)
@@ -200,7 +202,7 @@ def test_sigterm_stops_every_stage_and_marks_the_run_killed(tmp_path, random_mod
 
 @pytest.mark.slow
 def test_stages_die_with_a_killed_launcher(tmp_path, random_model_dir):
-    process, run_dir = _start_long_run(tmp_path, random_model_dir, 22010)
+    process, run_dir = _start_long_run(tmp_path, random_model_dir, worker_port(22010))
     process.kill()  # SIGKILL: no chance to clean up; the stages must still go (parent-death signal)
     process.wait(timeout=30)
     deadline = time.monotonic() + 30

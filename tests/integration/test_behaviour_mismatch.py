@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from pipelinerl.workers.launcher import launch
+from tests.conftest import worker_port
 from tests.integration.test_pipeline import small_config
 
 pytestmark = pytest.mark.slow
@@ -43,8 +44,9 @@ def check_behaviour_mismatch(result, ranks: int = 1) -> list[float]:
 
 
 def test_behaviour_mismatch_is_recorded_and_tracked(tmp_path, random_model_dir):
+    port = worker_port(25700)
     config = small_config(
-        tmp_path, random_model_dir, "run.mode=pipeline", "run.max_steps=3", "transport.base_port=25700"
+        tmp_path, random_model_dir, "run.mode=pipeline", "run.max_steps=3", f"transport.base_port={port}"
     )
     result = launch(config)
     values = check_behaviour_mismatch(result)

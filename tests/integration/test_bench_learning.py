@@ -13,6 +13,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from tests.conftest import worker_port
+
 pytestmark = pytest.mark.slow
 
 
@@ -29,7 +31,7 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
         "--set",
         f"run.output_dir={tmp_path / 'runs'}",
         "--set",
-        "transport.base_port=22600",
+        f"transport.base_port={worker_port(22600)}",
         "--out",
         str(out),
     ]

@@ -9,6 +9,7 @@ import pytest
 
 from pipelinerl.platform.config import load_config
 from pipelinerl.workers.compare import run_comparison
+from tests.conftest import worker_port
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +33,7 @@ def test_pipeline_against_conventional(tmp_path, random_model_dir):
             "rl.batch_size=16",
             "actor.max_in_flight=16",
             "task.eval_problems=16",
-            "transport.base_port=22300",
+            f"transport.base_port={worker_port(22300)}",
         ],
     )
     result = run_comparison(config, ["pipeline", "conventional"], target=0.0)

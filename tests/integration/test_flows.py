@@ -6,6 +6,7 @@ import pytest
 
 from pipelinerl.flows.rl_run import rl_run
 from pipelinerl.platform.config import load_config
+from tests.conftest import worker_port
 
 
 def test_parameter_form_shows_config_fields_with_descriptions():
@@ -50,7 +51,7 @@ def test_rl_run_flow_runs_the_pipeline(tmp_path, random_model_dir):
             "rl.batch_size=16",
             "actor.max_in_flight=16",
             "task.eval_problems=16",
-            "transport.base_port=22500",
+            f"transport.base_port={worker_port(22500)}",
         ],
     )
     with prefect_test_harness(server_startup_timeout=120):
@@ -104,7 +105,7 @@ def test_two_point_sweep_makes_two_child_runs_under_one_parent(tmp_path, random_
             "rl.batch_size=16",
             "actor.max_in_flight=16",
             "task.eval_problems=8",
-            "transport.base_port=22600",
+            f"transport.base_port={worker_port(22650)}",
         ],
     )
     with prefect_test_harness(server_startup_timeout=120):

@@ -20,11 +20,11 @@ import zmq
 
 from pipelinerl.platform.config import load_config
 from pipelinerl.workers.launcher import launch
-from tests.conftest import non_loopback_ipv4
+from tests.conftest import non_loopback_ipv4, worker_port
 
 pytestmark = pytest.mark.slow
 
-_next_port = iter(range(21300, 21900, 20))
+_next_port = iter(range(worker_port(21300), worker_port(21900), 20))
 
 
 def small_config(tmp_path: Path, model_dir: Path, *overrides: str):

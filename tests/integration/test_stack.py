@@ -22,6 +22,7 @@ import pytest
 
 from pipelinerl.flows.stack import StackError, down, group_members, read_state, state_path, up
 from pipelinerl.platform.config import load_config
+from tests.conftest import worker_port
 
 pytestmark = pytest.mark.slow
 
@@ -58,8 +59,8 @@ _TAKEN: set[int] = set()
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     home = tmp_path_factory.mktemp("stack-home")
-    prefect_port = free_ports(23000, 24000, taken=_TAKEN)
-    mlflow_port = free_ports(23000, 24000, taken=_TAKEN)
+    prefect_port = free_ports(worker_port(23000), worker_port(24000), taken=_TAKEN)
+    mlflow_port = free_ports(worker_port(23000), worker_port(24000), taken=_TAKEN)
     started = time.monotonic()
     state = up(home, prefect_port, mlflow_port)
     print(f"stack up in {time.monotonic() - started:.1f} s")
@@ -80,7 +81,7 @@ def prefect(state, work: Callable[[Any], Awaitable[T]]) -> T:
 
 
 def small_config(random_model_dir: Path, tmp_path: Path, max_steps: int) -> dict[str, Any]:
-    base_port = free_ports(24000, 25000, count=8, taken=_TAKEN)
+    base_port = free_ports(worker_port(24000), worker_port(25000), count=8, taken=_TAKEN)
     config = load_config(
         None,
         [
@@ -247,7 +248,7 @@ def test_a_taken_port_fails_at_once_naming_it(tmp_path):
         port = listener.getsockname()[1]
         started = time.monotonic()
         with pytest.raises(StackError, match=f"port {port} .*Prefect server.*--prefect-port"):
-            up(tmp_path, port, free_ports(23000, 24000, taken=_TAKEN))
+            up(tmp_path, port, free_ports(worker_port(23000), worker_port(24000), taken=_TAKEN))
         assert time.monotonic() - started < 5
     assert not state_path(tmp_path).exists()
 

@@ -25,6 +25,7 @@ from pipelinerl.platform.checkpoint import read_info
 from pipelinerl.platform.config import load_config
 from pipelinerl.platform.tracking import METRICS
 from pipelinerl.workers.launcher import launch
+from tests.conftest import worker_port
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +50,7 @@ def tracked(tmp_path_factory, random_model_dir):
             "trainer.checkpoint_every=2",
             "tracking.figures_every=2",
             "tracking.flush_interval_s=0.5",
-            "transport.base_port=22100",
+            f"transport.base_port={worker_port(22100)}",
         ],
     )
     result = launch(config)
@@ -165,7 +166,7 @@ def test_resume_from_a_checkpoint(tracked, tmp_path):
     resumed_config = config.model_copy(
         update={
             "run": config.run.model_copy(update={"resume_from": checkpoint, "output_dir": tmp_path}),
-            "transport": config.transport.model_copy(update={"base_port": 22140}),
+            "transport": config.transport.model_copy(update={"base_port": worker_port(22140)}),
         }
     )
     resumed = launch(resumed_config)
@@ -303,7 +304,7 @@ def test_a_tracking_server_that_goes_away_mid_run(tmp_path, random_model_dir, ca
             "tracking.flush_interval_s=0.5",
             "tracking.final_flush_timeout_s=120",
             f"tracking.mlflow_uri=http://127.0.0.1:{port}",
-            "transport.base_port=22200",
+            f"transport.base_port={worker_port(22200)}",
         ],
     )
     outcome: dict = {}

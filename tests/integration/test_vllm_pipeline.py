@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipelinerl.workers.launcher import launch
-from tests.conftest import build_random_model_dir
+from tests.conftest import build_random_model_dir, worker_port
 from tests.integration.test_behaviour_mismatch import check_behaviour_mismatch
 from tests.integration.test_pipeline import check_records_against_token_data, small_config
 
@@ -38,7 +38,7 @@ def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # Ports apart from the other modules' runs, so that they may run at once.
-_next_port = iter(range(25200, 25600, 20))
+_next_port = iter(range(worker_port(25200), worker_port(25600), 20))
 
 
 def vllm_config(tmp_path: Path, model_dir: Path, *overrides: str):

@@ -60,8 +60,8 @@ def test_warm_start_builds_a_loadable_directory_and_reuses_it(tmp_path: Path) ->
     second = ensure_warm_start(cache_dir, task_name="arithmetic", seed=0, **FAST)
     assert second == first
     assert (first / METADATA_FILE).stat().st_mtime_ns == stamp
-    # No staging directory is left behind.
-    assert [path.name for path in cache_dir.iterdir()] == [first.name]
+    # No staging directory is left behind (only the lock file that serialises training).
+    assert [path.name for path in cache_dir.iterdir() if path.suffix != ".lock"] == [first.name]
 
     # Other settings live in another directory.
     other = ensure_warm_start(cache_dir, task_name="arithmetic", seed=1, **FAST)
@@ -107,3 +107,39 @@ def test_micro_batches_give_the_whole_batch_gradient() -> None:
     (whole_loss, whole_grad), (split_loss, split_grad) = results
     assert abs(whole_loss - split_loss) < 1e-5
     torch.testing.assert_close(split_grad, whole_grad, atol=1e-6, rtol=1e-4)
+
+
+def test_concurrent_processes_train_one_warm_start_and_share_it(tmp_path: Path) -> None:
+    """Two processes asking for the same warm start at once (parallel test workers, two `make run`s):
+    one trains it, the other waits on the cache's lock and reuses the result."""
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys\n"
+        "from rich.console import Console\n"
+        "from pipelinerl.workers.warmstart import ensure_warm_start\n"
+        f"path = ensure_warm_start(sys.argv[1], console=Console(), **{FAST!r})\n"
+        "print('RESULT', path)\n"
+    )
+    cache_dir = tmp_path / "cache"
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(cache_dir)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [process.communicate(timeout=300)[0] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    lines = [line for out in outputs for line in out.splitlines()]
+    results = {line.removeprefix("RESULT ") for line in lines if line.startswith("RESULT ")}
+    assert len(results) == 1, outputs
+    (path,) = results
+    trained = [out for out in outputs if "saved to" in out]
+    reused = [out for out in outputs if "warm-start: reusing" in out]
+    assert len(trained) == 1 and len(reused) == 1, outputs
+    assert "waiting for it" in reused[0], "the second process waited for the first instead of training"
+    assert [p.name for p in cache_dir.iterdir() if p.suffix != ".lock"] == [Path(path).name]
