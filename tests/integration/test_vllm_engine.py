@@ -259,7 +259,6 @@ def test_in_flight_updates_keep_cache_and_stamp_exact_versions(driver, models):
     by_version = {0: models[0][1], 1: models[1][1], 2: models[2][1]}
     switched = check_sequences(sequences, prompts, by_version, "keep")
     assert switched > 0, "at least one sequence was written by two versions"
-    assert max(pauses) < 10
     print(
         f"vLLM start-up {driver.startup_s:.1f} s; "
         f"keep-cache update pauses {[round(p * 1000) for p in pauses]} ms"
