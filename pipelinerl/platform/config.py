@@ -49,6 +49,12 @@ class RunConfig(Section):
     steps_per_round: int = Field(
         4, ge=1, le=64, description="conventional mode: optimizer steps G per generation round."
     )
+    train_during_round: bool = Field(
+        True,
+        description="conventional mode: the trainer takes a round's first steps while the actor still "
+        "generates the rest of the round (true), or waits until the whole round is generated (false: "
+        "generation, then training, as the paper's baseline runs).",
+    )
     max_lag: int = Field(
         2, ge=1, description="async mode: versions the actor may fall behind before it drains and updates."
     )

@@ -12,6 +12,10 @@ stops reading rollouts, so the actors feel the backpressure and stop generating 
 up stale data. Together with bounded socket queues (high-water marks and ``socket_buffer_kib``)
 this is what keeps the lag of trained tokens bounded when the actors outrun the trainer.
 
+In conventional mode with ``run.train_during_round = false`` the batches of a round are also held
+until the whole round is generated (``RoundBarrier``), so the trainer starts only then, as in the
+paper's baseline; by default the trainer takes each step as soon as its batch is full.
+
 Every batch sent appends a record to ``preprocessor.jsonl`` in the run directory: the step it feeds,
 the trainer's version then, the rollouts waiting here (incomplete groups and scored sequences not
 yet batched), rejected and malformed counts.
@@ -116,6 +120,31 @@ class BatchBuilder:
         return batch
 
 
+@dataclass
+class RoundBarrier:
+    """Pure logic: conventional rounds as the paper runs them, generation first, then training.
+
+    Batches are held until the whole round (G steps' worth) is built, then handed out together;
+    with ``batches_per_round = 1`` every batch passes at once."""
+
+    batches_per_round: int
+    held: list[TrainBatch] = field(default_factory=list)
+
+    def add(self, batches: list[TrainBatch]) -> list[TrainBatch]:
+        """Take newly built batches; return those whose round is now complete, in order."""
+        self.held.extend(batches)
+        complete = len(self.held) - len(self.held) % self.batches_per_round
+        released, self.held = self.held[:complete], self.held[complete:]
+        return released
+
+
+def batches_per_round(config: PipelineConfig) -> int:
+    """How many batches the preprocessor gathers before handing any out (1: no barrier)."""
+    if config.run.mode == "conventional" and not config.run.train_during_round:
+        return config.run.steps_per_round * config.trainer.num_processes
+    return 1
+
+
 def steps_ahead_allowed(config: PipelineConfig) -> int:
     """How many steps past the trainer's latest published version a batch may be handed out for.
 
@@ -196,6 +225,7 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
     ]
     notices = Receiver(context, transport.address("weights"), "sub", bind=False, keys=keys)
     trainer = TrainerProgress(starting_version(config.run.resume_from), steps_ahead_allowed(config))
+    barrier = RoundBarrier(batches_per_round(config))
     metrics = JsonlWriter(run_dir / "preprocessor.jsonl")
     try:
         while True:
@@ -203,7 +233,7 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
                 return
             message = rollouts.recv(timeout_s=0.5)
             if isinstance(message, Rollout):
-                for batch in builder.add(message):
+                for batch in barrier.add(builder.add(message)):
                     step = batch.batch_index // len(inboxes)  # the optimizer step it feeds
                     # Hold the batch (and so, upstream, the actors) until the trainer is close enough.
                     held_from = time.monotonic()
@@ -223,6 +253,7 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
                             "preprocessor/held_s": held_s,  # waiting for the trainer to catch up
                             "time": time.time(),
                             "queue/rollouts": builder.buffered,
+                            "preprocessor/batches_built": builder.batches_made,
                             "preprocessor/rejected": builder.rejected,
                             "preprocessor/malformed": rollouts.malformed_count,
                         }

@@ -98,8 +98,15 @@ def test_actors_that_outrun_the_trainer_are_held_back(tmp_path, random_model_dir
     assert sum(r["preprocessor/held_s"] > 0.01 for r in sent) >= 2, "the bound was reached and held batches"
 
 
-def test_conventional_mode_never_mixes_versions(tmp_path, random_model_dir):
-    config = small_config(tmp_path, random_model_dir, "run.mode=conventional", "run.steps_per_round=2")
+@pytest.mark.parametrize("train_during_round", [True, False])
+def test_conventional_mode_never_mixes_versions(tmp_path, random_model_dir, train_during_round):
+    config = small_config(
+        tmp_path,
+        random_model_dir,
+        "run.mode=conventional",
+        "run.steps_per_round=2",
+        f"run.train_during_round={str(train_during_round).lower()}",
+    )
     result = launch(config)
     summary = result.summary
     assert summary["steps"] == 4
@@ -108,6 +115,12 @@ def test_conventional_mode_never_mixes_versions(tmp_path, random_model_dir):
     # Round structure: the first step of each round trains fresh samples, the second 1-step-old ones.
     assert [r["lag/max"] for r in result.records] == [0, 1, 0, 1]
     check_records_against_token_data(result)
+    if not train_during_round:
+        # Generation, then training: a round's first batch leaves only once the whole round is built.
+        sent = [json.loads(line) for line in (result.run_dir / "preprocessor.jsonl").read_text().splitlines()]
+        for record in sent:
+            round_end = (record["step"] // 2 + 1) * 2
+            assert record["preprocessor/batches_built"] >= round_end, record
 
 
 def test_async_mode_writes_each_sequence_with_one_version(tmp_path, random_model_dir):
