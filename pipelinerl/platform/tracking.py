@@ -20,13 +20,14 @@ records:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -628,3 +629,29 @@ class ParentRun:
     def finish(self, outcome: str) -> None:
         self.mlflow.end_run(self.mlflow_run_id, MLFLOW_STATUS[outcome])
         self.store.finish_run(self.run_id, status=outcome, ended_at=datetime.now(UTC), summary=self.summary)
+
+
+@contextlib.contextmanager
+def parent_run(
+    config: PipelineConfig,
+    run_id: str,
+    kind: str,
+    tags: Mapping[str, str] | None = None,
+    prefect_flow_run_id: str | None = None,
+) -> Iterator[ParentRun | None]:
+    """A ``ParentRun`` for the block (None when tracking is off), finished with its outcome:
+    "finished" when the block completes, "failed" on an exception, "killed" on a signal or
+    cancellation (a ``BaseException`` that is not an ``Exception``)."""
+    if not config.tracking.enabled:
+        yield None
+        return
+    parent = ParentRun(config, run_id, kind, tags, prefect_flow_run_id)
+    outcome = "failed"
+    try:
+        yield parent
+        outcome = "finished"
+    except BaseException as error:
+        outcome = "failed" if isinstance(error, Exception) else "killed"
+        raise
+    finally:
+        parent.finish(outcome)

@@ -17,6 +17,7 @@ from typing import Any
 
 from pipelinerl.platform.comparison import DEFAULT_WINDOW, ModeRow, compare_runs
 from pipelinerl.platform.config import MODES, ConfigError, PipelineConfig
+from pipelinerl.platform.tracking import parent_run
 from pipelinerl.workers.launcher import RunResult, launch
 
 
@@ -67,14 +68,10 @@ def run_comparison(
     status = on_status or (lambda text: None)
     configs = [mode_config(config, mode) for mode in modes]
     comparison_id = f"{datetime.now():%Y%m%d-%H%M%S}-compare-{uuid.uuid4().hex[:6]}"
-    parent = None
-    if config.tracking.enabled:
-        from pipelinerl.platform.tracking import ParentRun
-
-        parent = ParentRun(config, comparison_id, "compare", {"modes": ",".join(modes)}, prefect_flow_run_id)
     results: dict[str, RunResult] = {}
-    outcome = "failed"
-    try:
+    with parent_run(
+        config, comparison_id, "compare", {"modes": ",".join(modes)}, prefect_flow_run_id
+    ) as parent:
         for index, mode_cfg in enumerate(configs, start=1):
             label = label_of(mode_cfg)
             status(f"[{index}/{len(configs)}] {label}")
@@ -96,14 +93,7 @@ def run_comparison(
         )
         if parent is not None:
             log_comparison(parent, results, goal, rows, window)
-        outcome = "finished"
         return ComparisonResult(comparison_id, goal, rows, results, parent.mlflow_run_id if parent else None)
-    except BaseException as error:  # a signal or cancellation (not an Exception) means killed
-        outcome = "failed" if isinstance(error, Exception) else "killed"
-        raise
-    finally:
-        if parent is not None:
-            parent.finish(outcome)
 
 
 def log_comparison(

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from pipelinerl.platform.config import PORTS, ConfigError, PipelineConfig, with_overrides
+from pipelinerl.platform.tracking import ParentRun, parent_run
 from pipelinerl.workers.launcher import RunResult, launch
 
 PORT_BLOCK = 20  # ports reserved per concurrent point (PORTS plus trainer inboxes)
@@ -90,12 +91,23 @@ def run_sweep(
     status = on_status or (lambda text: None)
     points = sweep_points(config, overrides)
     sweep_id = f"{datetime.now():%Y%m%d-%H%M%S}-sweep-{uuid.uuid4().hex[:6]}"
-    parent = None
-    if config.tracking.enabled:
-        from pipelinerl.platform.tracking import ParentRun
+    with parent_run(config, sweep_id, "sweep", {"points": str(len(points))}, prefect_flow_run_id) as parent:
+        results = _run_points(config, points, sweep_id, max_concurrency, status, parent, prefect_flow_run_id)
+        if parent is not None:
+            _log_sweep(parent, points, results)
+        return SweepResult(sweep_id, points, results, parent.mlflow_run_id if parent else None)
 
-        parent = ParentRun(config, sweep_id, "sweep", {"points": str(len(points))}, prefect_flow_run_id)
-    results: dict[str, RunResult] = {}
+
+def _run_points(
+    config: PipelineConfig,
+    points: list[SweepPoint],
+    sweep_id: str,
+    max_concurrency: int,
+    status: Callable[[str], None],
+    parent: ParentRun | None,
+    prefect_flow_run_id: str | None,
+) -> dict[str, RunResult]:
+    """Every point's run, at most ``max_concurrency`` at a time, each in its own block of ports."""
 
     def run_point(index: int, point: SweepPoint) -> RunResult:
         status(f"[{point.label}] starting")
@@ -108,25 +120,15 @@ def run_sweep(
             prefect_flow_run_id=prefect_flow_run_id,
         )
 
-    outcome = "failed"
-    try:
-        with ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="sweep") as pool:
-            futures = [pool.submit(run_point, index, point) for index, point in enumerate(points)]
-            for point, future in zip(points, futures, strict=True):
-                results[point.label] = future.result()
-        if parent is not None:
-            _log_sweep(parent, points, results)
-        outcome = "finished"
-        return SweepResult(sweep_id, points, results, parent.mlflow_run_id if parent else None)
-    except BaseException as error:
-        outcome = "failed" if isinstance(error, Exception) else "killed"
-        raise
-    finally:
-        if parent is not None:
-            parent.finish(outcome)
+    results: dict[str, RunResult] = {}
+    with ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="sweep") as pool:
+        futures = [pool.submit(run_point, index, point) for index, point in enumerate(points)]
+        for point, future in zip(points, futures, strict=True):
+            results[point.label] = future.result()
+    return results
 
 
-def _log_sweep(parent: Any, points: list[SweepPoint], results: dict[str, RunResult]) -> None:
+def _log_sweep(parent: ParentRun, points: list[SweepPoint], results: dict[str, RunResult]) -> None:
     from pipelinerl.platform import figures
 
     parent.log_figure(
