@@ -8,7 +8,9 @@ the tracking owner logs them to MLflow and ``bench`` saves them under ``docs/``.
   tokens are older than late ones, because in-flight sequences straddle updates);
 * ``learning_curves``: train reward and held-out success against wall time;
 * ``ess_by_step``: ESS against policy version;
-* ``comparison``: modes overlaid: reward against wall time and samples, ESS and lag by step.
+* ``comparison``: modes overlaid: reward against wall time and samples, ESS and lag by step;
+* ``paper_figures``: the paper's four views with modes overlaid: lag against token position, the
+  lag histogram, ESS against step and reward against wall time.
 """
 
 from __future__ import annotations
@@ -56,18 +58,37 @@ def mean_lag_by_position(records: Sequence[Record]) -> list[float | None]:
     return means
 
 
+def lag_fractions(records: Sequence[Record]) -> list[float]:
+    """The run's lag histogram as fractions of its trained tokens, without empty trailing bins."""
+    counts = total_lag_histogram(records)
+    while len(counts) > 1 and counts[-1] == 0:
+        counts = counts[:-1]
+    total = sum(counts) or 1
+    return [count / total for count in counts]
+
+
+def early_late_lag(records: Sequence[Record]) -> tuple[float | None, float | None]:
+    """Mean lag over the first and over the last quarter of the token positions that have data.
+
+    In PipelineRL the late tokens of a sequence are younger than its early ones (an update lands
+    mid-sequence), so the second number is the smaller; in conventional RL the two are equal up
+    to noise (every token of a sequence has one version)."""
+    means = [m for m in mean_lag_by_position(records) if m is not None]
+    if not means:
+        return None, None
+    quarter = max(1, len(means) // 4)
+    return sum(means[:quarter]) / quarter, sum(means[-quarter:]) / quarter
+
+
 def lag_histogram(records: Sequence[Record], title: str = "") -> Figure:
     figure = _figure()
     axes = figure.add_subplot()
-    counts = total_lag_histogram(records)
-    total = sum(counts) or 1
-    labels = [str(lag) for lag in range(len(counts))]
-    if labels:
+    fractions = lag_fractions(records)
+    labels = [str(lag) for lag in range(len(fractions))]
+    if labels and len(fractions) == len(total_lag_histogram(records)):
         labels[-1] += "+"  # the overflow bin
-    while len(counts) > 1 and counts[-1] == 0:  # empty bins past the largest lag
-        counts, labels = counts[:-1], labels[:-1]
-    axes.bar(range(len(counts)), [count / total for count in counts], color="tab:blue")
-    axes.set_xticks(range(len(counts)), labels)
+    axes.bar(range(len(fractions)), fractions, color="tab:blue")
+    axes.set_xticks(range(len(fractions)), labels)
     axes.set_xlabel("lag (policy versions behind the trainer)")
     axes.set_ylabel("fraction of trained tokens")
     axes.set_title(title or "Token lag at train time")
@@ -170,6 +191,51 @@ def learning_overlay(
         axes.set_xlabel(xlabel)
         axes.set_ylabel("held-out success")
         axes.legend(fontsize=8)
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def paper_figures(
+    runs: Mapping[str, Sequence[Record]], title: str = "", window: int = DEFAULT_WINDOW
+) -> Figure:
+    """The paper's views of a run, one colour per run (keyed by label): (a) mean lag against token
+    position, (b) the lag histogram, (c) ESS against step, (d) train reward against wall time
+    (each step faint, the trailing mean of ``window`` steps solid)."""
+    figure = _figure(11.0, 7.5)
+    by_position, histogram, ess, reward = figure.subplots(2, 2).flat
+    width = 0.8 / max(1, len(runs))
+    for index, (label, records) in enumerate(runs.items()):
+        color = f"C{index}"
+        size = records[0]["lag/position_bucket_size"] if records else 1
+        points = [(b * size, m) for b, m in enumerate(mean_lag_by_position(records)) if m is not None]
+        by_position.plot([p for p, _ in points], [m for _, m in points], marker=".", color=color, label=label)
+        fractions = lag_fractions(records)
+        offsets = [lag - 0.4 + width * (index + 0.5) for lag in range(len(fractions))]
+        histogram.bar(offsets, fractions, width=width, color=color, label=label)
+        versions = [r["policy_version"] for r in records]
+        ess.plot(versions, [r["rl/ess"] for r in records], color=color, label=label)
+        walls = [r["wall_s"] for r in records]
+        reward.plot(walls, [r["rl/reward_mean"] for r in records], color=color, alpha=0.25, linewidth=0.8)
+        reward.plot(
+            walls, smoothed_rewards(records, window), color=color, label=f"{label} (mean of {window})"
+        )
+    for axes, xlabel, ylabel, name in (
+        (by_position, "token position in the completion", "mean lag", "(a) lag against token position"),
+        (
+            histogram,
+            "lag (policy versions behind the trainer)",
+            "fraction of trained tokens",
+            "(b) lag histogram",
+        ),
+        (ess, "policy version", "ESS", "(c) effective sample size per step"),
+        (reward, "wall time (s)", "train reward", "(d) reward against wall time"),
+    ):
+        axes.set_xlabel(xlabel)
+        axes.set_ylabel(ylabel)
+        axes.set_title(name, fontsize=10)
+        axes.legend(fontsize=8)
+    ess.set_ylim(min(0.9, ess.get_ylim()[0]), 1.005)
     if title:
         figure.suptitle(title)
     return figure

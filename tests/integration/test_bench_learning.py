@@ -48,8 +48,13 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
         assert key in record, key
     assert 0.0 < record["ess_mean_pipeline"] <= 1.0
     assert record["target_success"] == pytest.approx(record["start_success"] + 0.10)
+    assert "speedup_vs_conventional_g2_strict" in record
     rows = {row["variant"]: row for row in record["variants"]}
-    assert set(rows) == {"pipeline", "conventional_g2"}
+    assert set(rows) == {"pipeline", "conventional_g2", "conventional_g2_strict"}
+    for row in rows.values():  # the numbers behind the paper's claims
+        assert 0.0 <= row["multi_version_fraction"] <= 1.0
+        assert row["lag_early"] is not None and row["lag_late"] is not None
+    assert rows["conventional_g2_strict"]["multi_version_fraction"] == 0.0, "one version per sequence"
     for run in record["runs"]:
         versions_evaluated = len(run["points"]) - 1
         assert versions_evaluated == 2, "checkpoints at v2 and v4 (final) were evaluated"
@@ -57,13 +62,16 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
     assert record["settings"]["actor_cpus"] != record["settings"]["trainer_cpus"] or os.cpu_count() == 1
     assert "| pipeline |" in done.stdout
     assert out.with_suffix(".png").stat().st_size > 10_000, "the overlay figure beside the record"
+    paper_figure = tmp_path / "learning-paper.png"
+    assert record["paper_figure"] == str(paper_figure)
+    assert paper_figure.stat().st_size > 20_000, "the paper's four panels beside the record"
 
     client = mlflow.MlflowClient()
     parent = client.get_run(record["settings"]["mlflow_parent_run_id"])
     assert parent.info.status == "FINISHED"
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "figures")}
-    assert "figures/learning.png" in artifacts
+    assert {"figures/learning.png", "figures/paper.png"} <= artifacts
     children = client.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
     )
-    assert len(children) == 2 and all(child.info.status == "FINISHED" for child in children)
+    assert len(children) == 3 and all(child.info.status == "FINISHED" for child in children)

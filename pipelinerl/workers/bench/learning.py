@@ -1,8 +1,9 @@
 """``pipelinerl bench learning``: how much sooner PipelineRL reaches a held-out success than
 conventional RL, on the same task, model, seed, data order, batch size and compute split.
 
-Every variant (PipelineRL, conventional RL with G = 1, 4, 8, the ``async`` ablation) runs the same
-config but for ``run.mode`` / ``run.steps_per_round``, one after another (never sharing cores),
+Every variant (PipelineRL, conventional RL with G = 1, 4, 8, the largest G again with strict rounds,
+the ``async`` ablation) runs the same config but for ``run.mode`` / ``run.steps_per_round`` /
+``run.train_during_round``, one after another (never sharing cores),
 each as an MLflow child run under one parent. The **compute split** is fixed by pinning: the actor
 gets its own cores (``actor.cpus``) and the trainer and preprocessor theirs (``trainer.cpus``), as
 they would own their own GPUs.
@@ -13,6 +14,11 @@ samples trained when that version was published, greedy success on the eval spli
 the warm-start's success plus ``--target-gain``; a variant's time to target is the wall time of its
 first checkpoint at or above it (so its resolution is the checkpoint spacing). The speed-up against
 a baseline is the baseline's time over PipelineRL's.
+
+The paper's figure set (lag against token position, lag histogram, ESS by step, reward against
+wall time) is drawn from the first seed's runs of PipelineRL and the largest-G baselines, and the
+numbers behind its claims (early against late lag, sequences written by several versions) go into
+every variant's row.
 
 Pure logic (``success_curve``, ``time_to_target``, ``speedups``) is separate from running.
 """
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelinerl.platform.config import PipelineConfig, with_overrides
+from pipelinerl.platform.tracking import parent_run
 
 BASELINE_GS = (1, 4, 8)
 Point = tuple[float, int, float]  # (wall seconds, samples trained, held-out success)
@@ -41,11 +48,21 @@ class Variant:
     overrides: dict[str, Any]
 
 
-def variants(gs: Sequence[int] = BASELINE_GS, with_async: bool = True) -> list[Variant]:
+def variants(gs: Sequence[int] = BASELINE_GS, with_async: bool = True, strict: bool = True) -> list[Variant]:
+    """PipelineRL, conventional RL for each G (training each batch as it fills), the largest G again
+    with strict rounds (``strict``: generation, then training, the paper's baseline), and async."""
     found = [Variant("pipeline", {"run.mode": "pipeline"})]
     found += [
         Variant(f"conventional_g{g}", {"run.mode": "conventional", "run.steps_per_round": g}) for g in gs
     ]
+    if strict and gs:
+        largest = max(gs)
+        found.append(
+            Variant(
+                f"conventional_g{largest}_strict",
+                {"run.mode": "conventional", "run.steps_per_round": largest, "run.train_during_round": False},
+            )
+        )
     if with_async:
         found.append(Variant("async", {"run.mode": "async"}))
     return found
@@ -106,6 +123,9 @@ class VariantResult:
     tokens_per_s: float
     eval_success_end: float
     wall_s: float
+    lag_early: float | None = None  # mean lag over the first quarter of token positions
+    lag_late: float | None = None  # ... and over the last quarter
+    multi_version_fraction: float = 0.0  # sequences written by two or more policy versions
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -137,10 +157,14 @@ def evaluate_checkpoints(config: PipelineConfig, run_dir: Path) -> dict[int, flo
 def variant_result(
     label: str, seed: int, config: PipelineConfig, result: Any, target: float, evaluated: dict[int, float]
 ) -> VariantResult:
+    from pipelinerl.platform.figures import early_late_lag
+
     records, summary = result.records, result.summary
     points = success_curve(summary["eval_success_start"], evaluated, records)
     wall_s = float(summary["wall_s"]) or 1e-9
     lag_p90 = max((float(r["lag/p90"]) for r in records), default=0.0)
+    lag_early, lag_late = early_late_lag(records)
+    samples = sum(int(r["samples"]) for r in records)
     return VariantResult(
         label=label,
         seed=seed,
@@ -158,6 +182,9 @@ def variant_result(
         tokens_per_s=float(summary["tokens_per_s"]),
         eval_success_end=float(summary["eval_success_end"]),
         wall_s=float(summary["wall_s"]),
+        lag_early=lag_early,
+        lag_late=lag_late,
+        multi_version_fraction=sum(int(r["inflight_sequences"]) for r in records) / max(samples, 1),
     )
 
 
@@ -169,9 +196,11 @@ def run_learning_bench(
     target_gain: float,
     eval_every: int,
     pin: bool = True,
+    paper_figure: Path | None = None,
     on_status: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run every variant for every seed, evaluate their checkpoints, and compare them."""
+    """Run every variant for every seed, evaluate their checkpoints, and compare them; the paper's
+    figure set goes to ``paper_figure`` (PNG) when given."""
     from pipelinerl.workers.launcher import held_out_success, launch, resolve_model
 
     status = on_status or (lambda text: None)
@@ -183,20 +212,14 @@ def run_learning_bench(
     }
     base = with_overrides(base, common)
     bench_id = f"{datetime.now():%Y%m%d-%H%M%S}-bench-learning-{uuid.uuid4().hex[:6]}"
-    parent = None
-    if base.tracking.enabled:
-        from pipelinerl.platform.tracking import ParentRun
-
-        parent = ParentRun(
-            base, bench_id, "bench-learning", {"variants": ",".join(v.label for v in chosen)}, None
-        )
     model_path = resolve_model(base)
-    status("measuring the warm-start's held-out success (sets the target)")
-    start_success = held_out_success(base, model_path)
-    target = start_success + target_gain
-    results: list[VariantResult] = []
-    outcome = "failed"
-    try:
+    tags = {"variants": ",".join(v.label for v in chosen)}
+    with parent_run(base, bench_id, "bench-learning", tags) as parent:
+        status("measuring the warm-start's held-out success (sets the target)")
+        start_success = held_out_success(base, model_path)
+        target = start_success + target_gain
+        results: list[VariantResult] = []
+        first_seed_records: dict[str, list[dict[str, Any]]] = {}
         for seed in seeds:
             for index, variant in enumerate(chosen, start=1):
                 config = with_overrides(base, {**variant.overrides, "run.seed": seed})
@@ -211,6 +234,8 @@ def run_learning_bench(
                 status(f"[{variant.label}] evaluating its checkpoints on the held-out split")
                 evaluated = evaluate_checkpoints(config, run.run_dir)
                 results.append(variant_result(variant.label, seed, config, run, target, evaluated))
+                if seed == seeds[0]:
+                    first_seed_records[variant.label] = run.records
         report = summarize_bench(results, start_success, target, [v.label for v in chosen])
         report["details"]["settings"] = {
             "actor_cpus": actor_cpus,
@@ -224,19 +249,39 @@ def run_learning_bench(
             "bench_id": bench_id,
             "mlflow_parent_run_id": parent.mlflow_run_id if parent else None,
         }
+        paper = paper_figure_runs(first_seed_records)
+        if paper_figure is not None and paper:
+            save_paper_figures(paper, paper_figure, seeds[0])
+            report["details"]["paper_figure"] = str(paper_figure)
         if parent is not None:
-            from pipelinerl.platform.figures import learning_overlay
+            from pipelinerl.platform.figures import learning_overlay, paper_figures
 
             parent.log_figure(learning_overlay(curves_by_label(results), target), "figures/learning.png")
+            if paper:
+                parent.log_figure(paper_figures(paper), "figures/paper.png")
             parent.log_table(report, "learning.json", _numeric(report["headline"]))
-        outcome = "finished"
         return report
-    except BaseException as error:
-        outcome = "failed" if isinstance(error, Exception) else "killed"
-        raise
-    finally:
-        if parent is not None:
-            parent.finish(outcome)
+
+
+def paper_figure_runs(records_by_label: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """The runs the paper's figures compare: PipelineRL and the largest-G conventional baselines
+    (as trained during the round and with strict rounds), under readable labels."""
+    conventional = [label for label in records_by_label if label.startswith("conventional_g")]
+    largest = max((int(label.split("_")[1][1:]) for label in conventional), default=None)
+    names = {"pipeline": "PipelineRL"}
+    if largest is not None:
+        names[f"conventional_g{largest}"] = f"conventional G={largest}"
+        names[f"conventional_g{largest}_strict"] = f"conventional G={largest}, strict rounds"
+    return {name: records_by_label[label] for label, name in names.items() if label in records_by_label}
+
+
+def save_paper_figures(runs: dict[str, list[dict[str, Any]]], path: Path, seed: int) -> Path:
+    from pipelinerl.platform.figures import paper_figures
+
+    figure = paper_figures(runs, title=f"The paper's figures on this machine (seed {seed})")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    return path
 
 
 def save_overlay(record: dict[str, Any], path: Path) -> Path:
@@ -304,6 +349,9 @@ def summarize_bench(
                 "samples_per_s": statistics.fmean(r.samples_per_s for r in rs),
                 "tokens_per_s": statistics.fmean(r.tokens_per_s for r in rs),
                 "wall_s": statistics.fmean(r.wall_s for r in rs),
+                "lag_early": _mean_or_none([r.lag_early for r in rs]),
+                "lag_late": _mean_or_none([r.lag_late for r in rs]),
+                "multi_version_fraction": statistics.fmean(r.multi_version_fraction for r in rs),
             }
         )
     return {
@@ -332,6 +380,8 @@ TABLE_HEADERS = (
     "trainer idle",
     "samples/s",
     "tokens/s",
+    "lag, first / last quarter of positions",
+    "sequences with 2+ versions",
 )
 
 
@@ -351,6 +401,12 @@ def table_rows(record: dict[str, Any]) -> list[list[Any]]:
             row["trainer_idle_fraction"],
             row["samples_per_s"],
             row["tokens_per_s"],
+            _pair(row.get("lag_early"), row.get("lag_late")),
+            row.get("multi_version_fraction"),
         ]
         for row in record["variants"]
     ]
+
+
+def _pair(first: float | None, second: float | None) -> str:
+    return "—" if first is None or second is None else f"{first:.2f} / {second:.2f}"

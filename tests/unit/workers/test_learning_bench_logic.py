@@ -6,6 +6,7 @@ import pytest
 
 from pipelinerl.workers.bench.learning import (
     VariantResult,
+    paper_figure_runs,
     speedups,
     split_cores,
     success_curve,
@@ -52,12 +53,27 @@ def test_variants_are_named_for_the_json_keys():
         "conventional_g1",
         "conventional_g4",
         "conventional_g8",
+        "conventional_g8_strict",
         "async",
     ]
-    assert variants([8], with_async=False)[1].overrides == {
+    chosen = variants([8], with_async=False)
+    assert chosen[1].overrides == {"run.mode": "conventional", "run.steps_per_round": 8}
+    assert chosen[2].overrides == {
         "run.mode": "conventional",
         "run.steps_per_round": 8,
+        "run.train_during_round": False,  # the paper's baseline: generation, then training
     }
+    assert [v.label for v in variants([4], with_async=False, strict=False)] == ["pipeline", "conventional_g4"]
+    assert [v.label for v in variants([], with_async=False)] == ["pipeline"]
+
+
+def test_the_paper_figures_compare_pipeline_with_the_largest_g():
+    labels = ("pipeline", "conventional_g1", "conventional_g8", "conventional_g8_strict", "async")
+    runs = {label: [{"label": label}] for label in labels}
+    chosen = paper_figure_runs(runs)
+    assert list(chosen) == ["PipelineRL", "conventional G=8", "conventional G=8, strict rounds"]
+    assert chosen["conventional G=8"] == runs["conventional_g8"]
+    assert list(paper_figure_runs({"pipeline": []})) == ["PipelineRL"]
 
 
 def result(label: str, seed: int, ttt: float | None, ess: float) -> VariantResult:
