@@ -122,6 +122,21 @@ def _finish(
     )
 
 
+def _run_in_vllm_env(arguments: list[str]) -> int:
+    """``pipelinerl <arguments>`` with the vLLM environment's interpreter; its exit code."""
+    import subprocess
+
+    from pipelinerl.workers.stages import vllm_python
+
+    python = vllm_python()
+    if not python.is_file():
+        raise _fail(
+            f"--engine vllm needs the vLLM environment, and {python} does not exist: run `make vllm-env`"
+        )
+    console.print(f"running in the vLLM environment: {python}", markup=False, highlight=False)
+    return subprocess.run([str(python), "-m", "pipelinerl.cli", *arguments], check=False).returncode
+
+
 def _finite(value: float) -> float | None:
     import math
 
@@ -166,6 +181,31 @@ def engine(
 
     if engine_name not in ENGINES:
         raise _fail(f"--engine {engine_name!r} is not available; valid: {', '.join(sorted(ENGINES))}")
+    import importlib.util
+
+    if engine_name == "vllm" and importlib.util.find_spec("vllm") is None:
+        # vLLM lives in its own environment (DESIGN.md, "Environments"): run this command there.
+        from pipelinerl.workers.bench.report import default_path
+
+        options: dict[str, Any] = {
+            "--in-flight": in_flight,
+            "--prompts": prompts,
+            "--update-interval": update_interval,
+            "--repeats": repeats,
+            "--run-dir": run_dir,
+            "--model-path": _model_path(model_path),  # resolved here: the warm start needs .venv
+            "--threads": threads,
+            "--seed": seed,
+            "--out": out or default_path("engine-vllm"),
+        }
+        arguments = [
+            part for name, value in options.items() if value is not None for part in (name, str(value))
+        ]
+        raise typer.Exit(
+            _run_in_vllm_env(
+                ["bench", "engine", "--engine", "vllm", *arguments, *(["--quick"] if quick else [])]
+            )
+        )
     from pipelinerl.workers.bench.report import load_average, target_check
 
     load_before, started_at = load_average(), datetime.now(UTC)

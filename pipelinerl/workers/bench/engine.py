@@ -32,8 +32,11 @@ over repeats of one run's rate over its neighbour's (a shared machine's load dri
 neighbours see about the same), and rates are medians over repeats.
 
 Engine-agnostic: measurements use only the ``Engine`` protocol; ``ENGINES`` maps an ``--engine``
-name to a factory, so another engine (vLLM) is one more entry. The static baseline is always
-transformers' ``generate`` on the same weights.
+name to a factory. ``vllm`` runs vLLM's async engine (in ``.venv-vllm``, where the CLI re-runs the
+command) and sends every update over a real gloo weight group from this process, as the trainer
+does in a run; its stall is the time from the engine paused (after its step in progress) to
+resumed, receiving the tensors included. The static baseline is always transformers' ``generate``
+on the same weights.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
     import torch
     from rich.progress import Progress
 
+    from pipelinerl.workers.actor import StagedWeights
     from pipelinerl.workers.engine import Engine
 
 # docs/benchmarks.md, the main job: 100 optimizer steps in 88 s of training wall time. Used as the
@@ -141,17 +145,23 @@ def build_workload(tokenizer: Any, settings: EngineBenchSettings, task_name: str
 
 # ----- engines -----
 
-EngineFactory = Callable[[Path, Workload, int, int], "Engine"]
+# (pause, stall) in seconds of one in-flight update of ``engine`` to ``staged``'s weights.
+WeightSender = Callable[["Engine", "StagedWeights"], tuple[float, float]]
+# factory(model_path, workload, in_flight, seed, threads) -> the engine and, for an engine whose
+# workers take the tensors from the weight group themselves (vLLM), the trainer's side of it.
+EngineFactory = Callable[[Path, Workload, int, int, int], tuple["Engine", WeightSender | None]]
 
 
-def _transformers_engine(model_path: Path, workload: Workload, in_flight: int, seed: int) -> Engine:
+def _transformers_engine(
+    model_path: Path, workload: Workload, in_flight: int, seed: int, threads: int
+) -> tuple[Engine, WeightSender | None]:
     import torch
     from transformers import AutoModelForCausalLM
 
     from pipelinerl.workers.transformers_engine import TransformersEngine
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    return TransformersEngine(
+    engine = TransformersEngine(
         model,
         eos_token_id=workload.eos_token_id,
         max_in_flight=in_flight,
@@ -160,10 +170,88 @@ def _transformers_engine(model_path: Path, workload: Workload, in_flight: int, s
         temperature=workload.temperature,
         seed=seed,
     )
+    return engine, None  # the actor loads staged tensors into the model itself
 
 
-# name -> factory(model_path, workload, in_flight, seed); add vLLM here (issue 6).
-ENGINES: dict[str, EngineFactory] = {"transformers": _transformers_engine}
+def _vllm_engine(
+    model_path: Path, workload: Workload, in_flight: int, seed: int, threads: int
+) -> tuple[Engine, WeightSender | None]:
+    """vLLM's async engine (needs vLLM: the CLI runs this benchmark in ``.venv-vllm``), its workers
+    joined to a gloo weight group whose rank 0, the trainer's side, is this process."""
+    from pipelinerl.workers.vllm_engine import VLLMEngine
+
+    sender = WeightGroupSender()
+    engine = VLLMEngine(
+        model_path,
+        eos_token_id=workload.eos_token_id,
+        max_in_flight=in_flight,
+        max_new_tokens=workload.max_new_tokens,
+        max_prompt_tokens=workload.max_prompt_tokens,
+        temperature=workload.temperature,
+        seed=seed,
+        weight_group=sender.address,
+        cpu_threads=threads,
+    )
+    sender.joined()
+    return engine, sender
+
+
+class WeightGroupSender:
+    """The trainer's side (rank 0) of a gloo weight group with one engine's workers, as in a run:
+    each update broadcasts every tensor while the engine, paused, receives and loads them."""
+
+    def __init__(self, timeout_s: float = 300.0) -> None:
+        import socket
+
+        from pipelinerl.workers.vllm_engine import WeightGroupAddress
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.address = WeightGroupAddress("127.0.0.1", port, first_rank=1, world_size=2, timeout_s=timeout_s)
+        self._group: Any = None
+        self._error: BaseException | None = None
+        # Joining blocks until the workers join, which they do while the engine starts.
+        self._joiner = threading.Thread(target=self._join, name="bench-weight-group", daemon=True)
+        self._joiner.start()
+
+    def _join(self) -> None:
+        from pipelinerl.platform.weights import WeightGroup
+
+        try:
+            address = self.address
+            self._group = WeightGroup(address.host, address.port, 0, address.world_size, address.timeout_s)
+        except BaseException as error:  # reported by joined()
+            self._error = error
+
+    def joined(self) -> None:
+        self._joiner.join(timeout=self.address.timeout_s)
+        if self._group is None:
+            raise RuntimeError(f"the engine's workers did not join the weight group: {self._error!r}")
+
+    def __call__(self, engine: Engine, staged: StagedWeights) -> tuple[float, float]:
+        from pipelinerl.platform.weights import dtype_name
+
+        tensors = staged.tensors
+        meta = (list(staged.names), [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors])
+        broadcaster = threading.Thread(target=self._broadcast, args=(tensors,), name="bench-broadcast")
+        broadcaster.start()
+        try:
+            pause = engine.update_weights(  # type: ignore[call-arg]
+                engine.policy_version + 1, lambda workers: workers.receive_and_load(*meta)
+            )
+        finally:
+            broadcaster.join()
+        phases = engine.last_update_s  # type: ignore[attr-defined]
+        # Generation stops once the step in progress ends; from then on it waits for the tensors.
+        return pause, phases["load"] + phases["label_resume"]
+
+    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
+        self._group.broadcast(tensors)
+
+
+# name -> factory(model_path, workload, in_flight, seed, threads)
+ENGINES: dict[str, EngineFactory] = {"transformers": _transformers_engine, "vllm": _vllm_engine}
 
 
 # ----- measurements -----
@@ -178,8 +266,9 @@ class GenerationStats:
     raw_tokens: int = 0  # token slots computed, padding included (= useful for the engine)
     finished: int = 0  # sequences that ended with EOS
     wall_s: float = 0.0
-    # CPU seconds of this process (every thread) over the run: on a machine whose cores other work
-    # shares, tokens per CPU second compares two generators more steadily than wall time does.
+    # CPU seconds of this process and its children (every thread; vLLM computes in its engine-core
+    # and worker processes) over the run: on a machine whose cores other work shares, tokens per
+    # CPU second compares two generators more steadily than wall time does.
     cpu_s: float = 0.0
     pauses_ms: list[float] = field(default_factory=list)  # update_weights: request -> resumed
     stalls_ms: list[float] = field(default_factory=list)  # loop parked: load started -> resumed
@@ -223,7 +312,7 @@ class GenerationStats:
 class WeightUpdates:
     """Full state dicts to load in turn: the model's weights, and the same weights perturbed."""
 
-    def __init__(self, model: torch.nn.Module, seed: int) -> None:
+    def __init__(self, model: torch.nn.Module, seed: int, sender: WeightSender | None = None) -> None:
         import torch
 
         from pipelinerl.workers.actor import StagedWeights
@@ -244,6 +333,7 @@ class WeightUpdates:
         self.bytes_per_update = sum(tensor.numel() * tensor.element_size() for tensor in self.sets[0].tensors)
         self.parameters = sum(tensor.numel() for tensor in self.sets[0].tensors)
         self.loaded = 0
+        self.sender = sender
 
     def apply(self, engine: Engine) -> tuple[float, float]:
         """Load the next state into ``engine`` in flight, as the actor does.
@@ -253,6 +343,8 @@ class WeightUpdates:
         """
         staged = self.sets[self.loaded % len(self.sets)]
         self.loaded += 1
+        if self.sender is not None:  # the engine's workers receive over the weight group
+            return self.sender(engine, staged)
         load_started: list[float] = []
 
         def load(model: torch.nn.Module) -> None:
@@ -262,6 +354,21 @@ class WeightUpdates:
         pause = engine.update_weights(engine.policy_version + 1, load)
         resumed = time.perf_counter()
         return pause, resumed - load_started[0]
+
+
+def process_tree_cpu_s() -> float:
+    """CPU seconds (user + system) used so far by this process and its live descendants."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:  # ended between listing and reading
+            continue
+        total += times.user + times.system
+    return total
 
 
 def run_continuous(
@@ -289,7 +396,7 @@ def run_continuous(
         updater = threading.Thread(
             target=_update_every, args=(engine, updates, update_interval_s, done, stats), name="bench-updates"
         )
-    started, cpu_started = time.perf_counter(), time.process_time()
+    started, cpu_started = time.perf_counter(), process_tree_cpu_s()
     if updater is not None:
         updater.start()
     exhausted = False
@@ -312,7 +419,7 @@ def run_continuous(
             if on_progress is not None and completed:
                 on_progress(len(completed))
         stats.wall_s = time.perf_counter() - started
-        stats.cpu_s = time.process_time() - cpu_started
+        stats.cpu_s = process_tree_cpu_s() - cpu_started
     finally:
         done.set()
         if updater is not None:
@@ -368,7 +475,7 @@ def run_static(
     )
     torch.manual_seed(seed)
     stats = GenerationStats()
-    started, cpu_started = time.perf_counter(), time.process_time()
+    started, cpu_started = time.perf_counter(), process_tree_cpu_s()
     for start in range(0, workload.num_sequences, batch_size):
         batch = workload.prompts[start : start + batch_size]
         width = max(len(prompt) for prompt in batch)
@@ -396,7 +503,7 @@ def run_static(
         if on_progress is not None:
             on_progress(len(batch))
     stats.wall_s = time.perf_counter() - started
-    stats.cpu_s = time.process_time() - cpu_started
+    stats.cpu_s = process_tree_cpu_s() - cpu_started
     return stats
 
 
@@ -454,10 +561,11 @@ def run_engine_bench(
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     workload = build_workload(tokenizer, settings)
     baseline_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    updates = WeightUpdates(baseline_model, settings.seed)
     warmup = Workload(**{**asdict(workload), "prompts": workload.prompts[: settings.in_flight]})
 
-    engine = ENGINES[settings.engine](model_path, workload, settings.in_flight, settings.seed)
+    factory = ENGINES[settings.engine]
+    engine, sender = factory(model_path, workload, settings.in_flight, settings.seed, settings.threads)
+    updates = WeightUpdates(baseline_model, settings.seed, sender)
     continuous_runs: list[GenerationStats] = []
     static_runs: list[GenerationStats] = []
     update_runs: list[GenerationStats] = []
@@ -593,7 +701,11 @@ def render_engine_table(record: dict[str, Any]) -> str:
             record["continuous_over_static_ratio"],
             _target_text(targets["continuous_over_static_ratio"]),
         ],
-        ["the same per CPU second of the process", record["continuous_over_static_ratio_per_cpu_s"], ""],
+        [
+            "the same per CPU second (this process and its children)",
+            record["continuous_over_static_ratio_per_cpu_s"],
+            "",
+        ],
         [
             "in-flight update pause (request to resume), median / p99 (ms)",
             _pair(record, "update_pause_ms"),
