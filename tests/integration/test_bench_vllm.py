@@ -39,6 +39,7 @@ def test_bench_engine_quick_on_vllm(tmp_path: Path) -> None:
     updates = record["updates"]
     assert updates["count"] >= 1, "at least one update went over the weight group in flight"
     assert len(updates["stalls_ms"]) == updates["count"]
+    assert set(updates["phases_ms_median"]) == {"pause", "load", "label_resume"}
     assert all(
         0 < stall <= pause for stall, pause in zip(updates["stalls_ms"], updates["pauses_ms"], strict=True)
     )

@@ -169,6 +169,13 @@ def engine(
         int | None,
         typer.Option("--repeats", min=1, help="Repeats of each measurement (medians are reported)."),
     ] = None,
+    kv_cache_on_update: Annotated[
+        str,
+        typer.Option(
+            "--kv-cache-on-update",
+            help="vllm: keep the in-flight sequences' KV cache across an update (paper) or recompute it.",
+        ),
+    ] = "keep",
     run_dir: RunDirOption = None,
     model_path: ModelOption = None,
     quick: QuickOption = False,
@@ -181,6 +188,10 @@ def engine(
 
     if engine_name not in ENGINES:
         raise _fail(f"--engine {engine_name!r} is not available; valid: {', '.join(sorted(ENGINES))}")
+    if kv_cache_on_update not in ("keep", "recompute"):
+        raise _fail(f"--kv-cache-on-update {kv_cache_on_update!r}: valid values are keep, recompute")
+    if kv_cache_on_update != "keep" and engine_name != "vllm":
+        raise _fail("--kv-cache-on-update recompute applies to --engine vllm only")
     import importlib.util
 
     if engine_name == "vllm" and importlib.util.find_spec("vllm") is None:
@@ -196,7 +207,9 @@ def engine(
             "--model-path": _model_path(model_path),  # resolved here: the warm start needs .venv
             "--threads": threads,
             "--seed": seed,
-            "--out": out or default_path("engine-vllm"),
+            "--kv-cache-on-update": kv_cache_on_update,
+            "--out": out
+            or default_path("engine-vllm" if kv_cache_on_update == "keep" else "engine-vllm-recompute"),
         }
         arguments = [
             part for name, value in options.items() if value is not None for part in (name, str(value))
@@ -216,7 +229,12 @@ def engine(
         step_interval_from_run_dir,
     )
 
-    overrides: dict[str, Any] = {"engine": engine_name, "seed": seed, "threads": threads}
+    overrides: dict[str, Any] = {
+        "engine": engine_name,
+        "seed": seed,
+        "threads": threads,
+        "kv_cache_on_update": kv_cache_on_update,
+    }
     if in_flight is not None:
         overrides["in_flight"] = in_flight
     if prompts is not None:

@@ -82,6 +82,7 @@ class EngineBenchSettings:
     update_interval_source: str = DOCUMENTED_STEP_INTERVAL_SOURCE
     seed: int = 0
     threads: int = 1
+    kv_cache_on_update: str = "keep"  # vllm: keep the in-flight KV cache, or recompute it
 
     @classmethod
     def quick(cls, **overrides: Any) -> EngineBenchSettings:
@@ -147,13 +148,13 @@ def build_workload(tokenizer: Any, settings: EngineBenchSettings, task_name: str
 
 # (pause, stall) in seconds of one in-flight update of ``engine`` to ``staged``'s weights.
 WeightSender = Callable[["Engine", "StagedWeights"], tuple[float, float]]
-# factory(model_path, workload, in_flight, seed, threads) -> the engine and, for an engine whose
-# workers take the tensors from the weight group themselves (vLLM), the trainer's side of it.
-EngineFactory = Callable[[Path, Workload, int, int, int], tuple["Engine", WeightSender | None]]
+# factory(model_path, workload, settings) -> the engine and, for an engine whose workers take the
+# tensors from the weight group themselves (vLLM), the trainer's side of it.
+EngineFactory = Callable[[Path, Workload, "EngineBenchSettings"], tuple["Engine", WeightSender | None]]
 
 
 def _transformers_engine(
-    model_path: Path, workload: Workload, in_flight: int, seed: int, threads: int
+    model_path: Path, workload: Workload, settings: EngineBenchSettings
 ) -> tuple[Engine, WeightSender | None]:
     import torch
     from transformers import AutoModelForCausalLM
@@ -161,20 +162,24 @@ def _transformers_engine(
     from pipelinerl.workers.transformers_engine import TransformersEngine
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    if settings.kv_cache_on_update != "keep":
+        raise ValueError(
+            "the transformers engine keeps its KV cache across updates; --kv-cache-on-update is vllm's"
+        )
     engine = TransformersEngine(
         model,
         eos_token_id=workload.eos_token_id,
-        max_in_flight=in_flight,
+        max_in_flight=settings.in_flight,
         max_new_tokens=workload.max_new_tokens,
         max_prompt_tokens=workload.max_prompt_tokens,
         temperature=workload.temperature,
-        seed=seed,
+        seed=settings.seed,
     )
     return engine, None  # the actor loads staged tensors into the model itself
 
 
 def _vllm_engine(
-    model_path: Path, workload: Workload, in_flight: int, seed: int, threads: int
+    model_path: Path, workload: Workload, settings: EngineBenchSettings
 ) -> tuple[Engine, WeightSender | None]:
     """vLLM's async engine (needs vLLM: the CLI runs this benchmark in ``.venv-vllm``), its workers
     joined to a gloo weight group whose rank 0, the trainer's side, is this process."""
@@ -184,13 +189,14 @@ def _vllm_engine(
     engine = VLLMEngine(
         model_path,
         eos_token_id=workload.eos_token_id,
-        max_in_flight=in_flight,
+        max_in_flight=settings.in_flight,
         max_new_tokens=workload.max_new_tokens,
         max_prompt_tokens=workload.max_prompt_tokens,
         temperature=workload.temperature,
-        seed=seed,
+        seed=settings.seed,
+        kv_cache_on_update=settings.kv_cache_on_update,  # type: ignore[arg-type]
         weight_group=sender.address,
-        cpu_threads=threads,
+        cpu_threads=settings.threads,
     )
     sender.joined()
     return engine, sender
@@ -211,6 +217,7 @@ class WeightGroupSender:
         self.address = WeightGroupAddress("127.0.0.1", port, first_rank=1, world_size=2, timeout_s=timeout_s)
         self._group: Any = None
         self._error: BaseException | None = None
+        self.phases_ms: list[dict[str, float]] = []  # per update: pause / load / label_resume
         # Joining blocks until the workers join, which they do while the engine starts.
         self._joiner = threading.Thread(target=self._join, name="bench-weight-group", daemon=True)
         self._joiner.start()
@@ -243,6 +250,7 @@ class WeightGroupSender:
         finally:
             broadcaster.join()
         phases = engine.last_update_s  # type: ignore[attr-defined]
+        self.phases_ms.append({name: 1000 * seconds for name, seconds in phases.items()})
         # Generation stops once the step in progress ends; from then on it waits for the tensors.
         return pause, phases["load"] + phases["label_resume"]
 
@@ -564,7 +572,7 @@ def run_engine_bench(
     warmup = Workload(**{**asdict(workload), "prompts": workload.prompts[: settings.in_flight]})
 
     factory = ENGINES[settings.engine]
-    engine, sender = factory(model_path, workload, settings.in_flight, settings.seed, settings.threads)
+    engine, sender = factory(model_path, workload, settings)
     updates = WeightUpdates(baseline_model, settings.seed, sender)
     continuous_runs: list[GenerationStats] = []
     static_runs: list[GenerationStats] = []
@@ -655,6 +663,8 @@ def run_engine_bench(
             "stall_ms_max": max(stalls, default=float("nan")),
             "pauses_ms": [round(pause, 3) for pause in pauses],
             "stalls_ms": [round(stall, 3) for stall in stalls],
+            # vllm: median of each phase (waiting for the step in progress, receive + load, relabel + resume)
+            "phases_ms_median": _phase_medians(sender),
             "parameters_per_update": updates.parameters,
             "bytes_per_update": updates.bytes_per_update,
         },
@@ -683,6 +693,13 @@ def run_engine_bench(
         "update_pause_fraction_upper_bound uses the pauses instead.",
     ]
     return {"headline": headline, "details": details, "notes": notes}
+
+
+def _phase_medians(sender: WeightSender | None) -> dict[str, float] | None:
+    phases = getattr(sender, "phases_ms", None)
+    if not phases:
+        return None
+    return {name: statistics.median(update[name] for update in phases) for name in phases[0]}
 
 
 def render_engine_table(record: dict[str, Any]) -> str:
