@@ -39,7 +39,9 @@ def test_bench_engine_quick_on_vllm(tmp_path: Path) -> None:
     updates = record["updates"]
     assert updates["count"] >= 1, "at least one update went over the weight group in flight"
     assert len(updates["stalls_ms"]) == updates["count"]
-    assert set(updates["phases_ms_median"]) == {"pause", "load", "label_resume"}
+    phases = updates["phases_ms_median"]
+    assert set(phases) == {"pause", "load", "label_resume", "load_in_worker"}
+    assert 0 < phases["load_in_worker"] <= phases["load"], "the worker's part is inside the load phase"
     assert all(
         0 < stall <= pause for stall, pause in zip(updates["stalls_ms"], updates["pauses_ms"], strict=True)
     )

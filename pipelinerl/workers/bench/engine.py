@@ -243,14 +243,21 @@ class WeightGroupSender:
         meta = (list(staged.names), [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors])
         broadcaster = threading.Thread(target=self._broadcast, args=(tensors,), name="bench-broadcast")
         broadcaster.start()
+        in_worker: list[float] = []  # seconds inside the worker: receiving and reload_weights
         try:
             pause = engine.update_weights(  # type: ignore[call-arg]
-                engine.policy_version + 1, lambda workers: workers.receive_and_load(*meta)
+                engine.policy_version + 1,
+                lambda workers: in_worker.append(workers.receive_and_load(*meta)),
             )
         finally:
             broadcaster.join()
         phases = engine.last_update_s  # type: ignore[attr-defined]
-        self.phases_ms.append({name: 1000 * seconds for name, seconds in phases.items()})
+        self.phases_ms.append(
+            {
+                **{name: 1000 * seconds for name, seconds in phases.items()},
+                "load_in_worker": 1000 * in_worker[0],
+            }
+        )
         # Generation stops once the step in progress ends; from then on it waits for the tensors.
         return pause, phases["load"] + phases["label_resume"]
 
@@ -663,7 +670,8 @@ def run_engine_bench(
             "stall_ms_max": max(stalls, default=float("nan")),
             "pauses_ms": [round(pause, 3) for pause in pauses],
             "stalls_ms": [round(stall, 3) for stall in stalls],
-            # vllm: median of each phase (waiting for the step in progress, receive + load, relabel + resume)
+            # vllm: median of each phase (waiting for the step in progress, receive + load, relabel +
+            # resume) and of the receive + load time inside the worker (the rest of "load" is the RPC)
             "phases_ms_median": _phase_medians(sender),
             "parameters_per_update": updates.parameters,
             "bytes_per_update": updates.bytes_per_update,
