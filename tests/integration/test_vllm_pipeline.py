@@ -2,8 +2,9 @@
 
 The trainer and preprocessor run from this environment; the actor runs under
 ``.venv-vllm/bin/python`` (``actor.python``) and its vLLM worker joins the trainer's gloo weight
-group. Two runs, each paying one vLLM start-up (about 40 s): a short async run on a small random
-model (head size 32, which vLLM's CPU attention needs), and a pipeline run of the embedded
+group. Two runs, each paying vLLM start-ups (about 40 s): a short async run with two vLLM actors
+in one weight group on a small random model (head size 32, which vLLM's CPU attention needs), and a
+pipeline run of the embedded
 warm-started model, as ``pipelinerl run`` does, that updates in flight and learns. The cache
 policy ``recompute`` and exact version stamps are checked by the engine tests
 (``test_vllm_engine.py``), which recompute every log-prob.
@@ -52,11 +53,23 @@ def vllm_config(tmp_path: Path, model_dir: Path, *overrides: str):
     )
 
 
-def test_vllm_actor_async_mode_stages_weights_in_its_workers(tmp_path, vllm_model_dir):
-    result = launch(vllm_config(tmp_path, vllm_model_dir, "run.mode=async", "run.max_lag=1"))
+def test_two_vllm_actors_in_async_mode_stage_weights_in_their_workers(tmp_path, vllm_model_dir):
+    """Two vLLM engines join the one weight group (ranks 1 and 2) and both take every update."""
+    config = vllm_config(tmp_path, vllm_model_dir, "run.mode=async", "run.max_lag=1", "actor.num_actors=2")
+    result = launch(config)
     assert result.summary["steps"] == 4
     assert result.summary["inflight_sequences"] == 0
     check_records_against_token_data(result)
+    for actor_id in (0, 1):
+        updates = [
+            json.loads(line) for line in (result.run_dir / f"actor{actor_id}.jsonl").read_text().splitlines()
+        ]
+        versions = [u["policy_version"] for u in updates if "weights/update_pause_ms" in u]
+        assert versions and versions == sorted(versions), (
+            f"actor{actor_id} loaded updates in order: {versions}"
+        )
+        # Step 4 trains at version 3 with lag <= max_lag = 1: its tokens come from version 2 or later.
+        assert versions[-1] >= 2, f"actor{actor_id} kept up with the trainer: {versions}"
     # vLLM and the trainer in float32 on the CPU: lag-0 log-probs agree to rounding.
     assert max(check_behaviour_mismatch(result)) < 1e-3
 
