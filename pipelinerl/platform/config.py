@@ -135,6 +135,13 @@ class ActorConfig(Section):
         "ones.",
     )
     kv_cache_gib: float = Field(1.0, gt=0, description="vllm engine: memory for the KV cache, in GiB.")
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="vllm engine: GPUs (workers) per actor. Each worker joins the weight group, receives "
+        "the full tensors and lets vLLM shard them.",
+    )
     torch_threads: int = Field(1, ge=1, description="torch threads of each actor process.")
     cpus: list[Annotated[int, Field(ge=0)]] = Field(
         default_factory=list,
@@ -374,7 +381,23 @@ class PipelineConfig(Section):
                 f"actor.num_actors={self.actor.num_actors} must divide evenly over "
                 f"cluster.actor_nodes={self.cluster.actor_nodes}"
             )
+        if self.actor.tensor_parallel_size > 1 and self.actor.engine != "vllm":
+            raise ValueError(
+                f"actor.tensor_parallel_size={self.actor.tensor_parallel_size} needs actor.engine='vllm' "
+                "(the transformers engine runs on one device)"
+            )
         return self
+
+    def weight_group_size(self) -> int:
+        """Members of the weight group: trainer rank 0, then every actor's engine workers."""
+        return 1 + self.actor.num_actors * self.workers_per_actor()
+
+    def actor_first_weight_rank(self, actor_id: int) -> int:
+        """The weight-group rank of actor ``actor_id``'s first worker (its others follow)."""
+        return 1 + actor_id * self.workers_per_actor()
+
+    def workers_per_actor(self) -> int:
+        return self.actor.tensor_parallel_size if self.actor.engine == "vllm" else 1
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -115,7 +115,10 @@ class Actor:
             from pipelinerl.platform.weights import WeightGroup
 
             self.weight_group = WeightGroup(
-                transport.host, transport.port("weight_group"), 1 + actor_id, 1 + config.actor.num_actors
+                transport.host,
+                transport.port("weight_group"),
+                config.actor_first_weight_rank(actor_id),
+                config.weight_group_size(),
             )
         self.context = zmq.Context()
         keys = run_keys(transport.host, run_dir)
@@ -187,8 +190,12 @@ class Actor:
             kv_cache_gib=actor.kv_cache_gib,
             lm_head_fp32=self.config.model.lm_head_fp32,
             cpu_threads=actor.torch_threads,
+            tensor_parallel_size=actor.tensor_parallel_size,
             weight_group=WeightGroupAddress(
-                transport.host, transport.port("weight_group"), 1 + self.actor_id, 1 + actor.num_actors
+                transport.host,
+                transport.port("weight_group"),
+                self.config.actor_first_weight_rank(self.actor_id),
+                self.config.weight_group_size(),
             ),
         )
 

@@ -131,7 +131,7 @@ class Trainer:
         if rank == 0:
             self.notices = Sender(self.zmq_context, transport.address("weights"), "pub", bind=True, keys=keys)
             self.weight_group = WeightGroup(
-                transport.host, transport.port("weight_group"), 0, 1 + config.actor.num_actors
+                transport.host, transport.port("weight_group"), 0, config.weight_group_size()
             )
         (run_dir / "tokens").mkdir(exist_ok=True)
 

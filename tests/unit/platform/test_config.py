@@ -98,3 +98,23 @@ def test_flatten_lists_every_leaf():
     flat = flatten(load_config())
     assert flat["run.mode"] == "pipeline"
     assert "trainer.zero_stage" in flat and "transport.base_port" in flat
+
+
+@pytest.mark.parametrize(
+    ("overrides", "size", "first_ranks"),
+    [
+        ([], 2, [1]),
+        (["actor.num_actors=3"], 4, [1, 2, 3]),
+        (["actor.engine=vllm", "actor.num_actors=2", "actor.tensor_parallel_size=4"], 9, [1, 5]),
+    ],
+)
+def test_weight_group_ranks_count_every_engine_worker(overrides, size, first_ranks):
+    """Trainer rank 0, then each actor's workers in turn (a tensor-parallel vLLM engine has several)."""
+    config = load_config(None, overrides)
+    assert config.weight_group_size() == size
+    assert [config.actor_first_weight_rank(k) for k in range(config.actor.num_actors)] == first_ranks
+
+
+def test_tensor_parallelism_needs_the_vllm_engine():
+    with pytest.raises(ConfigError, match=r"actor.tensor_parallel_size=2 needs actor.engine='vllm'"):
+        load_config(None, ["actor.tensor_parallel_size=2"])
