@@ -120,6 +120,14 @@ def test_actor_rate_from_a_run_directory(tmp_path: Path) -> None:
     assert rate.rollouts_per_s == pytest.approx(10.0)  # 500 tokens/s at 50 tokens per rollout
 
 
+def test_actor_rate_measured_by_a_short_engine_run(random_model_dir: Path) -> None:
+    """Without an engine record or a run directory, bench transport measures the actor's rate."""
+    from pipelinerl.workers.bench.transport import measure_actor_rate
+
+    rate = measure_actor_rate(random_model_dir, threads=1, quick=True, progress=None)
+    assert rate.tokens_per_s > 0 and rate.rollouts_per_s > 0
+
+
 def test_unknown_engine_is_refused_with_the_valid_ones(tmp_path: Path) -> None:
     result = run_bench("engine", "--engine", "nope", "--quick", cwd=tmp_path)
     assert result.returncode == 2

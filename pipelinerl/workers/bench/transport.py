@@ -491,7 +491,7 @@ def measure_actor_rate(model_path: Path, threads: int, quick: bool, progress: Pr
     torch.set_num_threads(threads)
     settings = EngineBenchSettings.quick() if quick else EngineBenchSettings(num_prompts=32)
     workload = build_workload(AutoTokenizer.from_pretrained(model_path), settings)
-    engine = ENGINES["transformers"](model_path, workload, settings.in_flight, settings.seed)
+    engine, _ = ENGINES["transformers"](model_path, workload, settings)
     try:
         task = (
             None
