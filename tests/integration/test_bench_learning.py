@@ -66,6 +66,19 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
     assert record["paper_figure"] == str(paper_figure)
     assert paper_figure.stat().st_size > 20_000, "the paper's four panels beside the record"
 
+    # The same figure drawn again from the runs' directories, without re-running them.
+    redrawn = tmp_path / "redrawn.png"
+    again = subprocess.run(
+        [command[0], "bench", "figures", *(run["run_dir"] for run in record["runs"]), "--out", str(redrawn)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert redrawn.stat().st_size > 20_000
+    for name in ("| PipelineRL |", "| conventional G=2 |", "| conventional G=2, strict rounds |"):
+        assert name in again.stdout, again.stdout
+
     client = mlflow.MlflowClient()
     parent = client.get_run(record["settings"]["mlflow_parent_run_id"])
     assert parent.info.status == "FINISHED"

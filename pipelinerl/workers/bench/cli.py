@@ -442,3 +442,27 @@ def learning(
     console.print(f"overlay figure: {figure}", markup=False, highlight=False)
     if paper := report["details"].get("paper_figure"):
         console.print(f"the paper's figures: {paper}", markup=False, highlight=False)
+
+
+@bench_app.command()
+def figures(
+    run_dirs: Annotated[
+        list[Path], typer.Argument(help="Finished run directories (runs/<run-id>), one per variant.")
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="PNG to write (default: the learning record's figure).")
+    ] = Path("docs/benchmarks/learning-paper.png"),
+) -> None:
+    """The paper's figure set (lag by token position, lag histogram, ESS by step, reward against wall
+    time) drawn again from finished runs, e.g. those of a ``bench learning`` record, without re-running."""
+    from pipelinerl.workers.bench.learning import CLAIM_HEADERS, claim_rows, redraw_paper_figures
+    from pipelinerl.workers.bench.report import markdown_table
+
+    try:
+        claims = redraw_paper_figures(run_dirs, out)
+    except ValueError as error:
+        raise _fail(str(error)) from None
+    console.print(
+        markdown_table(CLAIM_HEADERS, claim_rows(claims)), markup=False, highlight=False, soft_wrap=True
+    )
+    console.print(f"the paper's figures: {out}", markup=False, highlight=False)

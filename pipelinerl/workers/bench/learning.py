@@ -18,7 +18,8 @@ a baseline is the baseline's time over PipelineRL's.
 The paper's figure set (lag against token position, lag histogram, ESS by step, reward against
 wall time) is drawn from the first seed's runs of PipelineRL and the largest-G baselines, and the
 numbers behind its claims (early against late lag, sequences written by several versions) go into
-every variant's row.
+every variant's row. ``pipelinerl bench figures RUN_DIR...`` draws the same figure again from
+finished run directories (``config.json`` + ``metrics.jsonl``), without re-running them.
 
 Pure logic (``success_curve``, ``time_to_target``, ``speedups``) is separate from running.
 """
@@ -29,7 +30,7 @@ import json
 import os
 import statistics
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -68,7 +69,11 @@ def variants(gs: Sequence[int] = BASELINE_GS, with_async: bool = True, strict: b
     return found
 
 
-def split_cores(available: Sequence[int]) -> tuple[list[int], list[int]]:
+def _prefixed(status: Callable[[str], None], label: str) -> Callable[[str], None]:
+    return lambda text: status(f"[{label}] {text}")
+
+
+def split_cores(available: Iterable[int]) -> tuple[list[int], list[int]]:
     """Half the cores for the actor, the rest for the trainer and preprocessor (one each on 2)."""
     cores = sorted(available)
     if len(cores) < 2:
@@ -157,14 +162,11 @@ def evaluate_checkpoints(config: PipelineConfig, run_dir: Path) -> dict[int, flo
 def variant_result(
     label: str, seed: int, config: PipelineConfig, result: Any, target: float, evaluated: dict[int, float]
 ) -> VariantResult:
-    from pipelinerl.platform.figures import early_late_lag
-
     records, summary = result.records, result.summary
     points = success_curve(summary["eval_success_start"], evaluated, records)
     wall_s = float(summary["wall_s"]) or 1e-9
     lag_p90 = max((float(r["lag/p90"]) for r in records), default=0.0)
-    lag_early, lag_late = early_late_lag(records)
-    samples = sum(int(r["samples"]) for r in records)
+    claims = claim_numbers(records)
     return VariantResult(
         label=label,
         seed=seed,
@@ -182,10 +184,28 @@ def variant_result(
         tokens_per_s=float(summary["tokens_per_s"]),
         eval_success_end=float(summary["eval_success_end"]),
         wall_s=float(summary["wall_s"]),
-        lag_early=lag_early,
-        lag_late=lag_late,
-        multi_version_fraction=sum(int(r["inflight_sequences"]) for r in records) / max(samples, 1),
+        lag_early=claims["lag_early"],
+        lag_late=claims["lag_late"],
+        multi_version_fraction=claims["multi_version_fraction"],
     )
+
+
+def claim_numbers(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The numbers behind the paper's claims, from a run's per-step records: mean lag over the first
+    and the last quarter of token positions, the fraction of sequences written by two or more policy
+    versions, ESS mean and minimum over steps, and the largest token lag."""
+    from pipelinerl.platform.figures import early_late_lag
+
+    lag_early, lag_late = early_late_lag(records)
+    samples = sum(int(r["samples"]) for r in records)
+    return {
+        "lag_early": lag_early,
+        "lag_late": lag_late,
+        "multi_version_fraction": sum(int(r["inflight_sequences"]) for r in records) / max(samples, 1),
+        "ess_mean": statistics.fmean(float(r["rl/ess"]) for r in records) if records else None,
+        "ess_min": min((float(r["rl/ess"]) for r in records), default=None),
+        "lag_max": max((int(r["lag/max"]) for r in records), default=None),
+    }
 
 
 def run_learning_bench(
@@ -227,7 +247,7 @@ def run_learning_bench(
                 run = launch(
                     config,
                     run_id=f"{bench_id}-{variant.label}-s{seed}",
-                    on_status=lambda text, label=variant.label: status(f"[{label}] {text}"),
+                    on_status=_prefixed(status, variant.label),
                     parent_mlflow_run_id=parent.mlflow_run_id if parent else None,
                     parent_run_id=bench_id if parent else None,
                 )
@@ -268,17 +288,68 @@ def paper_figure_runs(records_by_label: dict[str, list[dict[str, Any]]]) -> dict
     (as trained during the round and with strict rounds), under readable labels."""
     conventional = [label for label in records_by_label if label.startswith("conventional_g")]
     largest = max((int(label.split("_")[1][1:]) for label in conventional), default=None)
-    names = {"pipeline": "PipelineRL"}
+    labels = ["pipeline"]
     if largest is not None:
-        names[f"conventional_g{largest}"] = f"conventional G={largest}"
-        names[f"conventional_g{largest}_strict"] = f"conventional G={largest}, strict rounds"
-    return {name: records_by_label[label] for label, name in names.items() if label in records_by_label}
+        labels += [f"conventional_g{largest}", f"conventional_g{largest}_strict"]
+    return {readable_label(label): records_by_label[label] for label in labels if label in records_by_label}
 
 
-def save_paper_figures(runs: dict[str, list[dict[str, Any]]], path: Path, seed: int) -> Path:
+def variant_label(run_config: dict[str, Any]) -> str:
+    """The bench's label of a run from its ``config.json``: ``pipeline``, ``async``,
+    ``conventional_g<G>`` or, with strict rounds, ``conventional_g<G>_strict``."""
+    run = run_config["run"]
+    if run["mode"] != "conventional":
+        return str(run["mode"])
+    label = f"conventional_g{run['steps_per_round']}"
+    return label if run.get("train_during_round", True) else f"{label}_strict"
+
+
+def readable_label(label: str) -> str:
+    """``conventional_g8_strict`` -> ``conventional G=8, strict rounds``; ``pipeline`` -> ``PipelineRL``."""
+    if label == "pipeline":
+        return "PipelineRL"
+    if label.startswith("conventional_g"):
+        g, _, strict = label.removeprefix("conventional_g").partition("_")
+        return f"conventional G={g}" + (", strict rounds" if strict == "strict" else "")
+    return label
+
+
+def read_run_dir(run_dir: Path) -> tuple[str, int, list[dict[str, Any]]]:
+    """A finished run's bench label, seed and per-step records (its ``config.json`` and
+    ``metrics.jsonl``)."""
+    config_path, metrics_path = run_dir / "config.json", run_dir / "metrics.jsonl"
+    for path in (config_path, metrics_path):
+        if not path.is_file():
+            raise ValueError(f"{run_dir} has no {path.name}: give finished run directories (runs/<run-id>)")
+    run_config = json.loads(config_path.read_text())
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    if not records:
+        raise ValueError(f"{metrics_path} has no step records: the run trained no step")
+    return variant_label(run_config), int(run_config["run"]["seed"]), records
+
+
+def redraw_paper_figures(run_dirs: Sequence[Path], path: Path) -> dict[str, dict[str, Any]]:
+    """The paper's figure set drawn again from finished runs (one per variant), saved to ``path``;
+    returns each run's claim numbers by readable label."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    sources: dict[str, Path] = {}
+    seeds: set[int] = set()
+    for run_dir in run_dirs:
+        label, seed, records = read_run_dir(run_dir)
+        name = readable_label(label)
+        if name in runs:
+            raise ValueError(f"{sources[name]} and {run_dir} are both {label}: give one run per variant")
+        runs[name], sources[name] = records, run_dir
+        seeds.add(seed)
+    save_paper_figures(runs, path, seeds.pop() if len(seeds) == 1 else None)
+    return {name: claim_numbers(records) for name, records in runs.items()}
+
+
+def save_paper_figures(runs: dict[str, list[dict[str, Any]]], path: Path, seed: int | None) -> Path:
     from pipelinerl.platform.figures import paper_figures
 
-    figure = paper_figures(runs, title=f"The paper's figures on this machine (seed {seed})")
+    title = "The paper's figures on this machine" + (f" (seed {seed})" if seed is not None else "")
+    figure = paper_figures(runs, title=title)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     return path
@@ -410,3 +481,28 @@ def table_rows(record: dict[str, Any]) -> list[list[Any]]:
 
 def _pair(first: float | None, second: float | None) -> str:
     return "—" if first is None or second is None else f"{first:.2f} / {second:.2f}"
+
+
+CLAIM_HEADERS = (
+    "run",
+    "ESS mean",
+    "ESS min",
+    "lag max",
+    "lag, first / last quarter of positions",
+    "sequences with 2+ versions",
+)
+
+
+def claim_rows(claims: dict[str, dict[str, Any]]) -> list[list[Any]]:
+    """``bench figures``' table: one row per run of ``claim_numbers``."""
+    return [
+        [
+            name,
+            numbers["ess_mean"],
+            numbers["ess_min"],
+            numbers["lag_max"],
+            _pair(numbers["lag_early"], numbers["lag_late"]),
+            numbers["multi_version_fraction"],
+        ]
+        for name, numbers in claims.items()
+    ]

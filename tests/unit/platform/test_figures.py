@@ -48,6 +48,7 @@ def test_paper_figures_has_four_panels_with_every_run():
         "(d) reward against wall time",
     ]
     for panel in axes:
+        assert panel.get_xlabel() and panel.get_ylabel(), panel.get_title()
         labels = [text.get_text() for text in panel.get_legend().get_texts()]
         assert any(label.startswith("pipeline") for label in labels), labels
         assert any(label.startswith("conventional G=8") for label in labels), labels

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from pipelinerl.workers.bench.learning import (
     VariantResult,
+    claim_numbers,
     paper_figure_runs,
+    readable_label,
+    redraw_paper_figures,
     speedups,
     split_cores,
     success_curve,
     summarize_bench,
     time_to_target,
+    variant_label,
     variants,
 )
 
@@ -74,6 +81,79 @@ def test_the_paper_figures_compare_pipeline_with_the_largest_g():
     assert list(chosen) == ["PipelineRL", "conventional G=8", "conventional G=8, strict rounds"]
     assert chosen["conventional G=8"] == runs["conventional_g8"]
     assert list(paper_figure_runs({"pipeline": []})) == ["PipelineRL"]
+
+
+def test_a_run_config_names_its_variant_as_the_bench_does():
+    def config(mode: str, g: int = 8, during: bool = True) -> dict:
+        return {"run": {"mode": mode, "steps_per_round": g, "train_during_round": during}}
+
+    assert variant_label(config("pipeline")) == "pipeline"
+    assert variant_label(config("async")) == "async"
+    assert variant_label(config("conventional", 4)) == "conventional_g4"
+    assert variant_label(config("conventional", 8, during=False)) == "conventional_g8_strict"
+    assert [readable_label(v.label) for v in variants([8])] == [
+        "PipelineRL",
+        "conventional G=8",
+        "conventional G=8, strict rounds",
+        "async",
+    ]
+
+
+def step(version: int, by_position: list[float | None], multi: int, ess: float, lag_max: int) -> dict:
+    return {
+        "policy_version": version,
+        "wall_s": 2.0 * version,
+        "rl/reward_mean": 0.5,
+        "rl/ess": ess,
+        "lag/max": lag_max,
+        "lag/histogram": [1, 1, 1],
+        "lag/by_position": by_position,
+        "lag/position_bucket_size": 8,
+        "samples": 4,
+        "inflight_sequences": multi,
+    }
+
+
+# Late positions younger than early ones; 3 of 8 sequences written by two or more versions.
+PIPELINE_STEPS = [step(1, [2.0, 1.0, 1.0, 0.0], 1, 0.99, 2), step(2, [4.0, 3.0, 2.0, 1.0], 2, 0.95, 4)]
+
+
+def test_claim_numbers_from_step_records():
+    numbers = claim_numbers(PIPELINE_STEPS)
+    assert numbers == {
+        "lag_early": pytest.approx(3.0),  # position bucket 0: mean of 2 and 4
+        "lag_late": pytest.approx(0.5),  # the last bucket: mean of 0 and 1
+        "multi_version_fraction": pytest.approx(3 / 8),
+        "ess_mean": pytest.approx(0.97),
+        "ess_min": pytest.approx(0.95),
+        "lag_max": 4,
+    }
+    assert claim_numbers([])["lag_early"] is None
+
+
+def write_run(run_dir: Path, mode: str, records: list[dict], seed: int = 0) -> Path:
+    run_dir.mkdir(parents=True)
+    run = {"mode": mode, "steps_per_round": 8, "train_during_round": True, "seed": seed}
+    (run_dir / "config.json").write_text(json.dumps({"run": run}))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run_dir
+
+
+def test_the_paper_figures_are_drawn_again_from_run_directories(tmp_path: Path):
+    flat = [step(1, [1.0, 1.0], 0, 1.0, 1), step(2, [0.0, 0.0], 0, 1.0, 1)]
+    pipeline = write_run(tmp_path / "p", "pipeline", PIPELINE_STEPS)
+    conventional = write_run(tmp_path / "c", "conventional", flat)
+    claims = redraw_paper_figures([pipeline, conventional], tmp_path / "paper.png")
+    assert (tmp_path / "paper.png").stat().st_size > 10_000
+    assert list(claims) == ["PipelineRL", "conventional G=8"]
+    assert claims["conventional G=8"]["multi_version_fraction"] == 0.0
+    with pytest.raises(ValueError, match="both pipeline: give one run per variant"):
+        redraw_paper_figures([pipeline, pipeline], tmp_path / "twice.png")
+    with pytest.raises(ValueError, match="has no config.json"):
+        redraw_paper_figures([tmp_path], tmp_path / "none.png")
+    empty = write_run(tmp_path / "e", "async", [])
+    with pytest.raises(ValueError, match="has no step records"):
+        redraw_paper_figures([empty], tmp_path / "empty.png")
 
 
 def result(label: str, seed: int, ttt: float | None, ess: float) -> VariantResult:
