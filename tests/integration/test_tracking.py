@@ -318,8 +318,13 @@ def test_a_tracking_server_that_goes_away_mid_run(tmp_path, random_model_dir, ca
         ) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert metrics.exists(), "the run never started training"
-    # The server is down now; training goes on. Bring it back on the same store a little later.
-    time.sleep(3)
+    # The server is down now; training goes on. Bring it back on the same store once the run has
+    # found it unreachable (the outage is then part of the run, whatever the machine's speed).
+    deadline = time.monotonic() + 120
+    while "tracking store unreachable" not in caplog.text:
+        assert thread.is_alive() or "result" in outcome, "the run thread died"
+        assert time.monotonic() < deadline, "the run never noticed that the tracking server went away"
+        time.sleep(0.2)
     with mlflow_server(tmp_path, port) as uri:
         thread.join(timeout=300)
         result = outcome["result"]

@@ -194,6 +194,7 @@ def test_receiver_counts_and_skips_garbage_then_receives_a_good_message(
     ]
     with Receiver(context, ANY_PORT, "pull", bind=True) as receiver:
         raw_push = context.socket(zmq.PUSH)
+        raw_push.setsockopt(zmq.SNDTIMEO, 5000)  # a send that cannot complete fails, never hangs
         try:
             raw_push.connect(receiver.address)
             for frames in garbage:
@@ -217,6 +218,7 @@ def test_receiver_counts_and_skips_garbage_then_receives_a_good_message(
 def test_recv_timeout_holds_while_only_garbage_arrives(context: zmq.Context) -> None:
     with Receiver(context, ANY_PORT, "pull", bind=True) as receiver:
         raw_push = context.socket(zmq.PUSH)
+        raw_push.setsockopt(zmq.SNDTIMEO, 5000)  # a send that cannot complete fails, never hangs
         try:
             raw_push.connect(receiver.address)
             raw_push.send_multipart([b"junk"])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import socket
 import subprocess
 import threading
@@ -38,6 +39,7 @@ EOS = 2
 TEMPERATURE = 0.7  # not 1: the behaviour log-probs must be those of the tempered distribution
 MAX_NEW_TOKENS = 96
 MAX_IN_FLIGHT = 8
+ANSWER_TIMEOUT_S = 400  # the slowest command, a start-up under load, takes about 60 s
 
 pytestmark = pytest.mark.skipif(
     not VLLM_PYTHON.exists(), reason=".venv-vllm is absent: build it with `make vllm-env` (CI does)"
@@ -66,6 +68,16 @@ class Driver:
         )
         self.log_path = log_path
         self.group: WeightGroup | None = None
+        # Answers are read on a thread so that waiting for one has a timeout: a stuck driver fails
+        # the test with its log instead of blocking it.
+        self._answers: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read_answers, daemon=True).start()
+
+    def _read_answers(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._answers.put(line)
+        self._answers.put("")  # the driver exited
 
     def ask(self, command: dict[str, Any]) -> dict[str, Any]:
         self.send(command)
@@ -76,9 +88,13 @@ class Driver:
         self.process.stdin.write(json.dumps(command) + "\n")
         self.process.stdin.flush()
 
-    def answer(self) -> dict[str, Any]:
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
+    def answer(self, timeout_s: float = ANSWER_TIMEOUT_S) -> dict[str, Any]:
+        try:
+            line = self._answers.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TimeoutError(
+                f"the vLLM driver gave no answer within {timeout_s:.0f} s; its log:\n{self.log_tail()}"
+            ) from None
         if not line:
             raise RuntimeError(f"the vLLM driver exited; its log:\n{self.log_tail()}")
         answer = json.loads(line)
@@ -110,28 +126,39 @@ class Driver:
         self.group = joined["group"]
         return answer["startup_s"]
 
-    def update(self, version: int, model: torch.nn.Module) -> float:
-        """In-flight update to ``model``'s weights: the notice, then the broadcast, as the trainer does."""
+    def update(self, version: int, model: torch.nn.Module, straddling: int = 0) -> dict[str, Any]:
+        """In-flight update to ``model``'s weights: the notice, then the broadcast, as the trainer does.
+
+        ``straddling > 0``: the engine loads the update only in a pause where at least that many
+        sequences are being written and have tokens already, so they are certain to straddle it.
+        """
         named = list(iter_named_parameters(model))
         tensors = [param.detach() for _, param in named]
-        self.send(
-            {
-                "cmd": "update",
-                "version": version,
-                "names": [name for name, _ in named],
-                "shapes": [list(t.shape) for t in tensors],
-                "dtypes": [dtype_name(t) for t in tensors],
+        command: dict[str, Any] = {
+            "cmd": "update",
+            "version": version,
+            "names": [name for name, _ in named],
+            "shapes": [list(t.shape) for t in tensors],
+            "dtypes": [dtype_name(t) for t in tensors],
+        }
+        if straddling:
+            command["when_in_flight"] = {
+                "sequences": straddling,
+                "min_tokens": 2,
+                "max_new_tokens": MAX_NEW_TOKENS,
+                "eos": EOS,
+                "timeout_s": 120,
             }
-        )
+        self.send(command)
         assert self.group is not None
         broadcast_s = self.group.broadcast(tensors)
         answer = self.answer()
         phases = ", ".join(f"{name} {1000 * s:.0f} ms" for name, s in answer["phases_s"].items())
         print(
             f"update v{version}: pause {1000 * answer['pause_s']:.0f} ms ({phases}); trainer broadcast "
-            f"{1000 * broadcast_s:.0f} ms"
+            f"{1000 * broadcast_s:.0f} ms; {len(answer['straddling'])} sequences in flight"
         )
-        return answer["pause_s"]
+        return answer
 
     def submit(self, requests: dict[str, list[int]]) -> None:
         self.ask({"cmd": "submit", "requests": requests})
@@ -240,28 +267,27 @@ def check_sequences(sequences, prompts, by_version, kv_cache_on_update) -> int:
     return switched
 
 
-def generate_with_updates(driver, prompts, updates):
-    """Submit ``prompts``; after each delay, update in flight to the given version and model."""
+def generate_with_updates(driver, prompts, updates, straddling: int = 2):
+    """Submit ``prompts``; update in flight to each ``(version, model)`` in turn, each in a pause
+    where ``straddling`` sequences are being written (arranged, not timed)."""
     driver.submit(prompts)
-    pauses = []
-    for delay_s, version, model in updates:
-        time.sleep(delay_s)
-        pauses.append(driver.update(version, model))
-    return driver.collect(len(prompts)), pauses
+    answers = [driver.update(version, model, straddling=straddling) for version, model in updates]
+    return driver.collect(len(prompts)), answers
 
 
 def test_in_flight_updates_keep_cache_and_stamp_exact_versions(driver, models):
-    """Two updates while six sequences are being written; the KV cache is kept across both."""
-    prompts = {f"keep{i}": [1, 20 + i, 30, 40 + i] for i in range(6)}
-    sequences, pauses = generate_with_updates(
-        driver, prompts, [(0.3, 1, models[1][1]), (0.3, 2, models[2][1])]
-    )
+    """Two updates while sequences are being written; the KV cache is kept across both."""
+    prompts = {f"keep{i}": [1, 20 + i, 30, 40 + i] for i in range(3 * MAX_IN_FLIGHT)}
+    sequences, answers = generate_with_updates(driver, prompts, [(1, models[1][1]), (2, models[2][1])])
     by_version = {0: models[0][1], 1: models[1][1], 2: models[2][1]}
     switched = check_sequences(sequences, prompts, by_version, "keep")
-    assert switched > 0, "at least one sequence was written by two versions"
+    straddled = max(len(answer["straddling"]) for answer in answers)
+    assert switched >= straddled >= 2, (
+        f"{switched} sequences written by two versions; an update found {straddled} in flight"
+    )
     print(
-        f"vLLM start-up {driver.startup_s:.1f} s; "
-        f"keep-cache update pauses {[round(p * 1000) for p in pauses]} ms"
+        f"vLLM start-up {driver.startup_s:.1f} s; keep-cache update pauses "
+        f"{[round(a['pause_s'] * 1000) for a in answers]} ms; {switched} sequences switched"
     )
 
 
@@ -270,13 +296,16 @@ def test_recompute_mode_recomputes_prefixes_under_new_weights(driver, models):
     whole prefix, as if the old cache never existed."""
     driver.ask({"cmd": "set", "kv_cache_on_update": "recompute"})
     try:
-        prompts = {f"recompute{i}": [1, 50 + i, 31, 41 + i] for i in range(6)}
-        sequences, pauses = generate_with_updates(driver, prompts, [(0.3, 3, models[0][1])])
+        prompts = {f"recompute{i}": [1, 50 + i, 31, 41 + i] for i in range(MAX_IN_FLIGHT)}
+        sequences, answers = generate_with_updates(driver, prompts, [(3, models[0][1])])
     finally:
         driver.ask({"cmd": "set", "kv_cache_on_update": "keep"})
     by_version = {2: models[2][1], 3: models[0][1]}
-    assert check_sequences(sequences, prompts, by_version, "recompute") > 0
-    print(f"recompute update pause {pauses[0] * 1000:.0f} ms")
+    switched = check_sequences(sequences, prompts, by_version, "recompute")
+    assert switched >= len(answers[0]["straddling"]) >= 2, (
+        f"{switched} sequences written by two versions; the update found {answers[0]['straddling']}"
+    )
+    print(f"recompute update pause {answers[0]['pause_s'] * 1000:.0f} ms; {switched} sequences switched")
 
 
 def test_continuous_batching_refills_slots_and_reports_tokens_per_s(driver, models):

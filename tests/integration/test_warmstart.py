@@ -20,6 +20,8 @@ from pipelinerl.workers.warmstart import (
     build_tiny_model,
     ensure_warm_start,
     evaluate_success,
+    warm_start_dir,
+    warm_start_lock,
 )
 
 # Few steps and a small held-out sample keep this test to seconds; the model stays untrained.
@@ -111,9 +113,16 @@ def test_micro_batches_give_the_whole_batch_gradient() -> None:
 
 def test_concurrent_processes_train_one_warm_start_and_share_it(tmp_path: Path) -> None:
     """Two processes asking for the same warm start at once (parallel test workers, two `make run`s):
-    one trains it, the other waits on the cache's lock and reuses the result."""
+    one trains it, the other waits on the cache's lock and reuses the result.
+
+    The interleaving is arranged, not hoped for: the test holds the warm start's lock until both
+    processes have said they are waiting for it, then lets them go.
+    """
     import subprocess
     import sys
+    import time
+
+    from filelock import FileLock
 
     script = (
         "import json, sys\n"
@@ -123,23 +132,38 @@ def test_concurrent_processes_train_one_warm_start_and_share_it(tmp_path: Path) 
         "print('RESULT', path)\n"
     )
     cache_dir = tmp_path / "cache"
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, str(cache_dir)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    outputs = [process.communicate(timeout=300)[0] for process in processes]
+    cache_dir.mkdir()
+    target = warm_start_dir(cache_dir, WarmStartSettings(**FAST))
+    logs = [tmp_path / f"process{index}.log" for index in range(2)]
+    with FileLock(warm_start_lock(target)):
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "-u", "-c", script, str(cache_dir)],
+                stdout=log.open("w"),
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for log in logs
+        ]
+        try:
+            deadline = time.monotonic() + 120
+            while not all("waiting for it" in log.read_text() for log in logs):
+                said = [log.read_text() for log in logs]
+                assert all(process.poll() is None for process in processes), f"one exited early: {said}"
+                assert time.monotonic() < deadline, f"not both processes waited for the lock: {said}"
+                time.sleep(0.1)
+        except BaseException:
+            for process in processes:
+                process.kill()
+            raise
+    for process in processes:
+        process.wait(timeout=300)
+    outputs = [log.read_text() for log in logs]
     assert [process.returncode for process in processes] == [0, 0], outputs
     lines = [line for out in outputs for line in out.splitlines()]
     results = {line.removeprefix("RESULT ") for line in lines if line.startswith("RESULT ")}
-    assert len(results) == 1, outputs
-    (path,) = results
+    assert results == {str(target)}, outputs
     trained = [out for out in outputs if "saved to" in out]
     reused = [out for out in outputs if "warm-start: reusing" in out]
-    assert len(trained) == 1 and len(reused) == 1, outputs
-    assert "waiting for it" in reused[0], "the second process waited for the first instead of training"
-    assert [p.name for p in cache_dir.iterdir() if p.suffix != ".lock"] == [Path(path).name]
+    assert len(trained) == 1 and len(reused) == 1, "one process trained, the other reused its result"
+    assert [p.name for p in cache_dir.iterdir() if p.suffix != ".lock"] == [target.name]

@@ -7,7 +7,8 @@ stderr instead, so it cannot interleave with the answers.
 
 Commands: ``start`` (engine keyword arguments and the weight group), ``submit`` (request id ->
 prompt ids), ``update`` (version and the tensors' names, shapes and dtypes; the test broadcasts the
-tensors meanwhile as trainer rank 0), ``collect`` (wait for n finished sequences), ``set``
+tensors meanwhile as trainer rank 0; optionally only once sequences are known to be in flight),
+``collect`` (wait for n finished sequences), ``set``
 (``kv_cache_on_update``), ``status`` (policy version, requests in flight), ``close``.
 """
 
@@ -48,16 +49,7 @@ def main() -> None:
                 for request_id, prompt in command["requests"].items():
                     engine.submit(request_id, prompt)
             elif name == "update":
-                tensors = (command["names"], command["shapes"], command["dtypes"])
-                load_s: list[float] = []
-                answer["pause_s"] = engine.update_weights(
-                    command["version"],
-                    lambda workers, tensors=tensors, load_s=load_s: load_s.append(
-                        workers.receive_and_load(*tensors)
-                    ),
-                )
-                answer["receive_and_load_s"] = load_s[0]
-                answer["phases_s"] = engine.last_update_s
+                answer.update(update(engine, command))
             elif name == "collect":
                 done = []
                 deadline = time.monotonic() + command["timeout_s"]
@@ -79,6 +71,55 @@ def main() -> None:
         except Exception:
             answer = {"error": traceback.format_exc()}
         answers.write(json.dumps(answer) + "\n")
+
+
+class NotYet(Exception):
+    """The batch does not yet hold the sequences an update waits for; generation resumes."""
+
+
+def update(engine: Any, command: dict[str, Any]) -> dict[str, Any]:
+    """One in-flight update; with ``when_in_flight`` (``sequences``, ``min_tokens``, ``eos``,
+    ``max_new_tokens``, ``timeout_s``), only in a pause where at least that many sequences are
+    being written and have at least ``min_tokens`` tokens: those are certain to straddle it.
+
+    The condition is checked inside the pause (nothing moves there); until it holds, each pause ends
+    without loading, and the trainer's broadcast simply waits for the one that loads.
+    """
+    tensors = (command["names"], command["shapes"], command["dtypes"])
+    when = command.get("when_in_flight")
+    load_s: list[float] = []
+    straddling: list[str] = []
+
+    def load(workers: Any) -> None:
+        if when is not None:
+            in_flight = workers.tokens_in_flight()
+            straddling[:] = [
+                request_id
+                for request_id, (count, last) in in_flight.items()
+                if when["min_tokens"] <= count < when["max_new_tokens"] and last != when["eos"]
+            ]
+            if len(straddling) < when["sequences"]:
+                raise NotYet
+        load_s.append(workers.receive_and_load(*tensors))
+
+    deadline = time.monotonic() + (when or {}).get("timeout_s", 0)
+    while True:
+        try:
+            pause_s = engine.update_weights(command["version"], load)
+            break
+        except NotYet:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"no pause within {when['timeout_s']} s found {when['sequences']} sequences in flight "
+                    f"with {when['min_tokens']}+ tokens (the last had {len(straddling)})"
+                ) from None
+            time.sleep(0.005)
+    return {
+        "pause_s": pause_s,
+        "receive_and_load_s": load_s[0],
+        "phases_s": engine.last_update_s,
+        "straddling": straddling,
+    }
 
 
 if __name__ == "__main__":

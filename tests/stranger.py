@@ -1,0 +1,87 @@
+"""A stranger's ZeroMQ socket for tests: connects to a run's port, learns how its handshake ended,
+and sends without ever blocking.
+
+A PUSH whose peer refuses its handshake (no CurveZMQ keys, or a socket type the port does not pair
+with) never gets a ready peer, so a send without a timeout blocks forever. ``StrangerPush`` waits
+for the handshake's outcome on the socket's monitor (an event, not a sleep) and sends with a send
+timeout, so the test knows what happened and cannot hang.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+Handshake = Literal["accepted", "refused"]
+
+_SUCCEEDED = zmq.EVENT_HANDSHAKE_SUCCEEDED
+_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_DISCONNECTED
+)
+
+
+@dataclass
+class Delivery:
+    """What a stranger's sends came to: its handshake, frames handed to ZeroMQ, sends refused."""
+
+    handshake: Handshake
+    sent: int
+    refused: int
+
+
+def send_as_stranger(
+    address: str,
+    messages: list[list[bytes]],
+    *,
+    handshake_timeout_s: float = 30.0,
+    send_timeout_s: float = 1.0,
+) -> Delivery:
+    """Connect a keyless PUSH to ``address``, wait for its handshake to succeed or fail, then send.
+
+    Raises ``TimeoutError`` naming the address if the handshake has no outcome in time.
+    """
+    context = zmq.Context.instance()
+    socket = context.socket(zmq.PUSH)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDTIMEO, int(send_timeout_s * 1000))
+    monitor = socket.get_monitor_socket(_SUCCEEDED | _FAILED)
+    try:
+        socket.connect(address)
+        handshake = _handshake_outcome(monitor, address, handshake_timeout_s)
+        sent = refused = 0
+        for frames in messages:
+            try:
+                socket.send_multipart(frames)
+                sent += 1
+            except zmq.Again:
+                refused += 1
+        # An accepted peer gets every queued frame before close returns (bounded by the linger).
+        socket.setsockopt(zmq.LINGER, 10_000 if handshake == "accepted" else 0)
+        return Delivery(handshake, sent, refused)
+    finally:
+        socket.disable_monitor()
+        monitor.close(linger=0)
+        socket.close()
+
+
+def _handshake_outcome(monitor: zmq.Socket, address: str, timeout_s: float) -> Handshake:
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        if not monitor.poll(int(left * 1000)):
+            break
+        event = recv_monitor_message(monitor)["event"]
+        if event == _SUCCEEDED:
+            return "accepted"
+        if event & _FAILED:
+            return "refused"
+    raise TimeoutError(f"no handshake outcome with {address} within {timeout_s:.0f} s")
+
+
+GARBAGE = [[b"\xc1garbage", str(index).encode()] for index in range(5)] + [[b"not msgpack at all"]]
