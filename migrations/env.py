@@ -1,6 +1,6 @@
-"""Alembic environment of the platform database (``pipelinerl.platform.db``).
+"""Alembic environment of the platform database (``pipelinerl.platform.tracking.db``).
 
-The URL comes from Alembic's ``sqlalchemy.url`` (set in code by ``pipelinerl.platform.db``), else from
+The URL comes from Alembic's ``sqlalchemy.url`` (set in code by ``pipelinerl.platform.tracking.db``), else from
 ``$PIPELINERL_DATABASE_URL`` (for ``alembic -c alembic.ini upgrade head`` from the repository root).
 SQLite alters tables in batch mode (copy and rename); on PostgreSQL a transaction-scoped advisory
 lock makes runs that start together on a fresh database migrate it once.
@@ -14,7 +14,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import Connection, text
 
-from pipelinerl.platform.db import (
+from pipelinerl.platform.tracking.db import (
     ENV_DATABASE_URL,
     MIGRATION_LOCK_KEY,
     VERSION_TABLE,

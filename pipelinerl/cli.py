@@ -15,8 +15,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from pipelinerl.platform.db_cli import db_app, runs_app
-from pipelinerl.workers.bench.cli import bench_app
+from pipelinerl.bench.cli import bench_app
+from pipelinerl.platform.tracking.db_cli import db_app, runs_app
 
 app = typer.Typer(
     help="PipelineRL: on-policy RL of language models with in-flight weight updates, and its baselines.",
@@ -61,8 +61,8 @@ def run(config: ConfigOption = None, set_: SetOption = None) -> None:
     (PREFECT_API_URL names the server)."""
     resolved = _load(config, set_)
     _log_to_console()
-    from pipelinerl.workers.launcher import launch, local_placement
-    from pipelinerl.workers.progress import ProgressView
+    from pipelinerl.launch.launcher import launch, local_placement
+    from pipelinerl.launch.progress import ProgressView
 
     placement = local_placement
     if resolved.cluster.placement == "pools":
@@ -78,12 +78,12 @@ def run(config: ConfigOption = None, set_: SetOption = None) -> None:
 @contextlib.contextmanager
 def _run_errors() -> Iterator[None]:
     """Errors a user can act on, printed as one message (exit 1) instead of a traceback."""
+    from pipelinerl.launch.launcher import RunTerminated, StageFailed
     from pipelinerl.platform.checkpoint import CheckpointError
     from pipelinerl.platform.config import ConfigError
-    from pipelinerl.platform.db import PlatformDatabaseError
-    from pipelinerl.platform.tracking import TrackingError
+    from pipelinerl.platform.tracking.db import PlatformDatabaseError
+    from pipelinerl.platform.tracking.mlflow_store import TrackingError
     from pipelinerl.platform.transport import PortInUseError
-    from pipelinerl.workers.launcher import RunTerminated, StageFailed
 
     try:
         yield
@@ -123,7 +123,7 @@ def compare(
     from pipelinerl.platform.config import ConfigError
 
     resolved = _load(config, set_)
-    from pipelinerl.workers.compare import parse_modes, run_comparison
+    from pipelinerl.launch.compare import parse_modes, run_comparison
 
     try:
         mode_list = parse_modes(modes)
@@ -135,7 +135,7 @@ def compare(
         result = run_comparison(
             resolved, mode_list, target=target, window=window, on_status=lambda text: spinner.update(text)
         )
-    from pipelinerl.workers.progress import print_comparison
+    from pipelinerl.launch.progress import print_comparison
 
     print_comparison(console, result)
 
@@ -159,7 +159,7 @@ def warmstart(config: ConfigOption = None, set_: SetOption = None) -> None:
     """Build (or find in the cache) the embedded tiny model, warm-started on the task."""
     resolved = _load(config, set_)
     _log_to_console()
-    from pipelinerl.workers.launcher import resolve_model
+    from pipelinerl.launch.launcher import resolve_model
 
     path = resolve_model(resolved, console=console)
     console.print(f"warm-started model: {path}")

@@ -87,8 +87,8 @@ def warm_model_dir() -> Path:
     It shares the platform home's cache with ``make run`` (the cache key covers every setting and
     the code version), so the supervised phase runs at most once per machine.
     """
+    from pipelinerl.launch.launcher import resolve_model
     from pipelinerl.platform.config import load_config
-    from pipelinerl.workers.launcher import resolve_model
 
     return resolve_model(load_config())
 

@@ -21,7 +21,7 @@ def compare(
     """Run the experiment once per mode (the first is the reference) and compare them."""
     from dataclasses import asdict
 
-    from pipelinerl.workers.compare import run_comparison
+    from pipelinerl.launch.compare import run_comparison
 
     logger = get_run_logger()
     result = run_comparison(

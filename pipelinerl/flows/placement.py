@@ -1,6 +1,6 @@
 """Pool placement: a run's roles as Prefect flow runs on the ``trainers`` and ``actors`` work pools.
 
-With ``cluster.placement = "pools"`` the launcher (``workers/launcher.py``) starts no process
+With ``cluster.placement = "pools"`` the launcher (``launch/launcher.py``) starts no process
 itself. For each role and node it submits one flow run of the role's deployment
 (``cluster.trainer_deployment`` / ``cluster.actor_deployment``, the ``rl-role`` flow), so a worker
 of that pool (a GPU node, a Kubernetes job, a process on this machine) runs the node's stages from
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID
 
+from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, StageFailed
 from pipelinerl.platform.config import ROLES, PipelineConfig, Role
-from pipelinerl.workers.stages import SHUTDOWN_GRACE_S, StageFailed
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
@@ -166,7 +166,7 @@ class PoolPlacement:
 
 def placement_for(config: PipelineConfig, log: Any = None) -> Any:
     """The launcher's placement factory for ``config.cluster.placement``."""
-    from pipelinerl.workers.launcher import local_placement
+    from pipelinerl.launch.launcher import local_placement
 
     if config.cluster.placement == "local":
         return local_placement

@@ -3,7 +3,7 @@
 ``rl-run`` with ``cluster.placement = "pools"`` submits one flow run of this flow per role and node
 (``flows/placement.py``): ``rl-role/trainers`` on the ``trainers`` pool runs trainer ranks (node 0
 also the preprocessor), ``rl-role/actors`` on the ``actors`` pool runs actors. The flow reads the
-run's ``config.json`` from the shared run directory, starts its stages (``workers/stages.py``),
+run's ``config.json`` from the shared run directory, starts its stages (``launch/stages.py``),
 streams their logs into its own flow run, and completes when they are done. A crashed stage fails
 the flow run with the stage's log tail, which ``rl-run`` reports (and may restart from); cancelling
 the flow run stops its processes.
@@ -18,8 +18,8 @@ from prefect import flow, get_run_logger
 from pydantic import Field
 
 from pipelinerl.flows.rl_run import StageLogForwarder
+from pipelinerl.launch.stages import assignment, run_role
 from pipelinerl.platform.config import PipelineConfig, Role
-from pipelinerl.workers.stages import assignment, run_role
 
 
 @flow(name="rl-role", log_prints=True)

@@ -3,7 +3,7 @@
 The flow takes the whole run configuration as one typed parameter (``PipelineConfig``), so the
 Prefect UI renders a form with every field's description, dropdowns for choices and the
 constraints checked before anything starts. On one machine the flow runs the launcher
-(``workers/launcher.py``): the actor, preprocessor and trainer processes, supervised until the
+(``launch/launcher.py``): the actor, preprocessor and trainer processes, supervised until the
 trainer ends; with ``cluster.placement = "pools"`` it submits one ``rl-role`` flow run per role
 and node to the ``trainers`` and ``actors`` work pools instead (``flows/placement.py``) and
 supervises those. While it runs, the flow
@@ -116,7 +116,7 @@ class ProgressArtifacts:
 
 
 def mlflow_link_markdown(config: PipelineConfig, run_dir: Path) -> str:
-    from pipelinerl.platform.tracking import mlflow_uri
+    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
 
     uri = mlflow_uri(config)
     run_id_file = run_dir / "mlflow_run_id"
@@ -132,7 +132,7 @@ def mlflow_link_markdown(config: PipelineConfig, run_dir: Path) -> str:
 def rl_run(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008 (the form's default)
     """Run PipelineRL (or a baseline, by `run.mode`) on this machine and return its summary."""
     from pipelinerl.flows.placement import placement_for
-    from pipelinerl.workers.launcher import launch, new_run_id
+    from pipelinerl.launch.launcher import launch, new_run_id
 
     logger = get_run_logger()
     run_id = new_run_id(config.run.mode)

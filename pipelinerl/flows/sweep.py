@@ -19,8 +19,8 @@ def sweep(
     max_concurrency: int = 1,
 ) -> list[dict[str, Any]]:
     """Each combination of ``grid`` (``{"rl.batch_size": [16, 32]}``), or each of ``points``, is a run."""
+    from pipelinerl.launch.sweep import expand_grid, run_sweep
     from pipelinerl.platform.config import ConfigError
-    from pipelinerl.workers.sweep import expand_grid, run_sweep
 
     if (grid is None) == (points is None):
         raise ConfigError("give exactly one of grid (values per setting) or points (a list of overrides)")

@@ -147,12 +147,12 @@ class Actor:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from pipelinerl.workers.transformers_engine import TransformersEngine
+        from pipelinerl.workers.engines.transformers_engine import TransformersEngine
 
         actor = self.config.actor
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         if self.config.model.lm_head_fp32:
-            from pipelinerl.workers.lm_head import float32_lm_head
+            from pipelinerl.workers.engines.lm_head import float32_lm_head
 
             float32_lm_head(model)
         return TransformersEngine(
@@ -170,7 +170,7 @@ class Actor:
 
     def _vllm_engine(self, model_path: Path, max_prompt_tokens: int):  # type: ignore[no-untyped-def]
         try:
-            from pipelinerl.workers.vllm_engine import VLLMEngine, WeightGroupAddress
+            from pipelinerl.workers.engines.vllm_engine import VLLMEngine, WeightGroupAddress
         except ImportError as error:
             raise SystemExit(
                 f"actor.engine='vllm' needs vLLM in the actor's interpreter ({error}); build .venv-vllm "

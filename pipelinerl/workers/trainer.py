@@ -99,7 +99,7 @@ class Trainer:
         torch.manual_seed(config.run.seed)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         if config.model.lm_head_fp32:
-            from pipelinerl.workers.lm_head import float32_lm_head
+            from pipelinerl.workers.engines.lm_head import float32_lm_head
 
             float32_lm_head(model)
         if config.trainer.num_processes == 1:

@@ -183,7 +183,7 @@ def _start_long_run(tmp_path, random_model_dir, port: int):
 def test_sigterm_stops_every_stage_and_marks_the_run_killed(tmp_path, random_model_dir):
     from mlflow.tracking import MlflowClient
 
-    from pipelinerl.platform.store import PlatformStore
+    from pipelinerl.platform.tracking.store import PlatformStore
 
     process, run_dir = _start_long_run(tmp_path, random_model_dir, worker_port(21990))
     assert len(_processes_of(run_dir)) >= 3, "actor, preprocessor and trainer are running"

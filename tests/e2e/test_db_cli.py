@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelinerl.platform.db import ENV_DATABASE_URL
-from pipelinerl.platform.store import PlatformStore
+from pipelinerl.platform.tracking.db import ENV_DATABASE_URL
+from pipelinerl.platform.tracking.store import PlatformStore
 
 PIPELINERL = [sys.executable, "-m", "pipelinerl.cli"]
 RUN_ID = "20261122-043000-pipeline-ab12"

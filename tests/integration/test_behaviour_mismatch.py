@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelinerl.workers.launcher import launch
+from pipelinerl.launch.launcher import launch
 from tests.conftest import worker_port
 from tests.integration.test_pipeline import small_config
 
@@ -55,7 +55,7 @@ def test_behaviour_mismatch_is_recorded_and_tracked(tmp_path, random_model_dir):
 
     from mlflow.tracking import MlflowClient
 
-    from pipelinerl.platform.tracking import mlflow_uri
+    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
 
     client = MlflowClient(tracking_uri=mlflow_uri(config))
     history = client.get_metric_history((result.run_dir / "mlflow_run_id").read_text(), KEY)

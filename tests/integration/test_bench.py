@@ -105,7 +105,7 @@ def test_bench_transport_quick_against_the_engine_record(
 
 
 def test_actor_rate_from_a_run_directory(tmp_path: Path) -> None:
-    from pipelinerl.workers.bench.transport import actor_rate_from_run_dir
+    from pipelinerl.bench.actor_rate import actor_rate_from_run_dir
 
     actor_records = [
         {"time": 100.0, "actor/tokens_generated": 1_000},
@@ -122,7 +122,7 @@ def test_actor_rate_from_a_run_directory(tmp_path: Path) -> None:
 
 def test_actor_rate_measured_by_a_short_engine_run(random_model_dir: Path) -> None:
     """Without an engine record or a run directory, bench transport measures the actor's rate."""
-    from pipelinerl.workers.bench.transport import measure_actor_rate
+    from pipelinerl.bench.actor_rate import measure_actor_rate
 
     rate = measure_actor_rate(random_model_dir, threads=1, quick=True, progress=None)
     assert rate.tokens_per_s > 0 and rate.rollouts_per_s > 0

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pipelinerl.launch.compare import run_comparison
 from pipelinerl.platform.config import load_config
-from pipelinerl.workers.compare import run_comparison
 from tests.conftest import worker_port
 
 pytestmark = pytest.mark.slow
@@ -17,9 +17,9 @@ pytestmark = pytest.mark.slow
 def test_pipeline_against_conventional(tmp_path, random_model_dir):
     from mlflow.tracking import MlflowClient
 
-    from pipelinerl.platform.db import database_url
-    from pipelinerl.platform.store import PlatformStore
-    from pipelinerl.platform.tracking import mlflow_uri
+    from pipelinerl.platform.tracking.db import database_url
+    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
+    from pipelinerl.platform.tracking.store import PlatformStore
 
     config = load_config(
         None,

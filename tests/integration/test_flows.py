@@ -39,7 +39,7 @@ def test_rl_run_flow_runs_the_pipeline(tmp_path, random_model_dir):
     from prefect.client.orchestration import get_client
     from prefect.testing.utilities import prefect_test_harness
 
-    from pipelinerl.platform.tracking import mlflow_uri
+    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
 
     config = load_config(
         None,
@@ -93,7 +93,7 @@ def test_two_point_sweep_makes_two_child_runs_under_one_parent(tmp_path, random_
     from prefect.testing.utilities import prefect_test_harness
 
     from pipelinerl.flows.sweep import sweep
-    from pipelinerl.platform.tracking import mlflow_uri
+    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
 
     config = load_config(
         None,

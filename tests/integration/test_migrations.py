@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect
 
-from pipelinerl.platform.db import (
+from pipelinerl.platform.tracking.db import (
     ENV_DATABASE_URL,
     VERSION_TABLE,
     Base,
@@ -30,7 +30,7 @@ from pipelinerl.platform.db import (
     make_engine,
     upgrade,
 )
-from pipelinerl.platform.store import PlatformStore
+from pipelinerl.platform.tracking.store import PlatformStore
 
 REPO = Path(__file__).parents[2]
 PLATFORM_TABLES = {"runs", "policy_versions", "step_stats", "lag_histograms", "rollout_ledger"}
@@ -101,7 +101,7 @@ def test_runs_starting_together_migrate_a_fresh_database_once(url: str) -> None:
     """Three processes upgrade one fresh database at the same moment (a sweep starting its runs)."""
     start_at = time.time() + 5  # after every process has imported SQLAlchemy and Alembic
     script = (
-        "import sys, time; from pipelinerl.platform.db import upgrade; "
+        "import sys, time; from pipelinerl.platform.tracking.db import upgrade; "
         "time.sleep(max(0.0, float(sys.argv[2]) - time.time())); upgrade(sys.argv[1])"
     )
     processes = [

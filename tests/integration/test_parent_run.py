@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from pipelinerl.platform.config import load_config
-from pipelinerl.platform.store import PlatformStore
-from pipelinerl.platform.tracking import parent_run
+from pipelinerl.platform.tracking.parent_run import parent_run
+from pipelinerl.platform.tracking.store import PlatformStore
 
 
 def tracked_config(tmp_path, enabled: bool = True):

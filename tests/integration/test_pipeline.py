@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import zmq
 
+from pipelinerl.launch.launcher import launch
 from pipelinerl.platform.config import load_config
-from pipelinerl.workers.launcher import launch
 from tests.conftest import non_loopback_ipv4, worker_port
 from tests.stranger import GARBAGE, send_as_stranger
 
@@ -198,11 +198,11 @@ def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random
     import torch
     from transformers import AutoModelForCausalLM
 
+    from pipelinerl.launch.launcher import preflight
+    from pipelinerl.launch.stages import build_stages, stop_stages
     from pipelinerl.platform.transport import Receiver, Sender
     from pipelinerl.platform.weights import WeightGroup, dtype_name
     from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
-    from pipelinerl.workers.launcher import preflight
-    from pipelinerl.workers.stages import build_stages, stop_stages
 
     config = small_config(tmp_path, random_model_dir, "run.mode=pipeline")
     preflight(config)
@@ -261,9 +261,9 @@ def test_actor_logits_equal_trainer_logits_after_updates(tmp_path, warm_model_di
     import torch
     from transformers import AutoModelForCausalLM
 
+    from pipelinerl.launch.launcher import preflight
+    from pipelinerl.launch.stages import build_stages, stop_stages
     from pipelinerl.workers.actor import Actor
-    from pipelinerl.workers.launcher import preflight
-    from pipelinerl.workers.stages import build_stages, stop_stages
 
     config = small_config(tmp_path, warm_model_dir, "run.mode=pipeline", "run.max_steps=3")
     preflight(config)

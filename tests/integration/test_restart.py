@@ -14,8 +14,8 @@ import mlflow
 import psutil
 import pytest
 
+from pipelinerl.launch.launcher import StageFailed, launch
 from pipelinerl.platform.checkpoint import read_info
-from pipelinerl.workers.launcher import StageFailed, launch
 from tests.integration.test_pipeline import small_config as pipeline_config
 
 pytestmark = pytest.mark.slow

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from pipelinerl.launch.launcher import launch
 from pipelinerl.platform.checkpoint import read_info
 from pipelinerl.platform.config import load_config
-from pipelinerl.platform.tracking import METRICS
-from pipelinerl.workers.launcher import launch
+from pipelinerl.platform.tracking.metrics import METRICS
 from tests.conftest import worker_port
 
 pytestmark = pytest.mark.slow
@@ -56,8 +56,8 @@ def tracked(tmp_path_factory, random_model_dir):
     result = launch(config)
     from mlflow.tracking import MlflowClient
 
-    from pipelinerl.platform.db import database_url
-    from pipelinerl.platform.tracking import mlflow_uri
+    from pipelinerl.platform.tracking.db import database_url
+    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
 
     client = MlflowClient(tracking_uri=mlflow_uri(config))
     mlflow_run_id = (result.run_dir / "mlflow_run_id").read_text()
@@ -141,7 +141,7 @@ def test_checkpoints_are_logged_models_with_their_version(tracked):
 
 def test_platform_database_holds_the_run(tracked):
     _, result, _, run, url = tracked
-    from pipelinerl.platform.store import PlatformStore
+    from pipelinerl.platform.tracking.store import PlatformStore
 
     store = PlatformStore(url)
     detail = store.get_run(result.run_dir.name)
@@ -183,8 +183,8 @@ def test_the_same_records_track_to_postgresql(tracked, postgres_url, second_post
     from mlflow.tracking import MlflowClient
 
     from pipelinerl.platform.jsonl import JsonlTail
-    from pipelinerl.platform.store import PlatformStore
-    from pipelinerl.platform.tracking import RunTracker
+    from pipelinerl.platform.tracking.run_tracker import RunTracker
+    from pipelinerl.platform.tracking.store import PlatformStore
 
     config, result, _, _, _ = tracked
     on_postgres = config.model_copy(
@@ -265,7 +265,7 @@ def test_the_same_records_track_to_a_tracking_server(tracked, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from pipelinerl.platform.jsonl import JsonlTail
-    from pipelinerl.platform.tracking import RunTracker
+    from pipelinerl.platform.tracking.run_tracker import RunTracker
 
     config, result, _, _, _ = tracked
     with mlflow_server(tmp_path, free_port()) as uri:

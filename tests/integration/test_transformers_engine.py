@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pipelinerl.workers.transformers_engine import TransformersEngine
+from pipelinerl.workers.engines.transformers_engine import TransformersEngine
 
 EOS = 2
 

@@ -30,7 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pipelinerl.platform.weights import WeightGroup, dtype_name
-from pipelinerl.workers.engine import iter_named_parameters
+from pipelinerl.workers.engines.protocol import iter_named_parameters
 from tests.conftest import build_random_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelinerl.workers.launcher import launch
+from pipelinerl.launch.launcher import launch
 from tests.conftest import build_random_model_dir, worker_port
 from tests.integration.test_behaviour_mismatch import check_behaviour_mismatch
 from tests.integration.test_pipeline import check_records_against_token_data, small_config

@@ -9,9 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipelinerl.tasks import get_task
-from pipelinerl.tasks.tokenizer import build_tokenizer, encode_prompt
-from pipelinerl.workers.warmstart import (
+from pipelinerl.launch.warmstart import (
     METADATA_FILE,
     WarmStartSettings,
     _accumulate_step_loss,
@@ -23,6 +21,8 @@ from pipelinerl.workers.warmstart import (
     warm_start_dir,
     warm_start_lock,
 )
+from pipelinerl.tasks import get_task
+from pipelinerl.tasks.tokenizer import build_tokenizer, encode_prompt
 
 # Few steps and a small held-out sample keep this test to seconds; the model stays untrained.
 FAST = {
@@ -127,7 +127,7 @@ def test_concurrent_processes_train_one_warm_start_and_share_it(tmp_path: Path) 
     script = (
         "import json, sys\n"
         "from rich.console import Console\n"
-        "from pipelinerl.workers.warmstart import ensure_warm_start\n"
+        "from pipelinerl.launch.warmstart import ensure_warm_start\n"
         f"path = ensure_warm_start(sys.argv[1], console=Console(), **{FAST!r})\n"
         "print('RESULT', path)\n"
     )

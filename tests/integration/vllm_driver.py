@@ -27,7 +27,7 @@ def main() -> None:
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # vLLM's output, children's too, to stderr
 
-    from pipelinerl.workers.vllm_engine import VLLMEngine, WeightGroupAddress
+    from pipelinerl.workers.engines.vllm_engine import VLLMEngine, WeightGroupAddress
 
     engine: VLLMEngine | None = None
     for line in sys.stdin:

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pipelinerl.platform.wire import TrainSequence
-from pipelinerl.workers.engine import VersionSwitches
+from pipelinerl.workers.engines.protocol import VersionSwitches
 from pipelinerl.workers.policy_step import completion_logprobs, micro_batch_loss
 
 

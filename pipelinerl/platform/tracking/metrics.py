@@ -1,0 +1,71 @@
+"""Metric names of a run (stable; ``step`` is always the policy version) and the pure mapping from
+each stage's records to them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# Stable metric names (step = policy version).
+METRICS = (
+    "rl/loss",
+    "rl/reward_mean",
+    "rl/ess",
+    "rl/clipped_fraction",
+    "rl/behaviour_mismatch",
+    "lag/mean",
+    "lag/p50",
+    "lag/p90",
+    "lag/max",
+    "eval/success",
+    "throughput/actor_tokens_per_s",
+    "throughput/trainer_tokens_per_s",
+    "actor/idle_fraction",
+    "trainer/idle_fraction",
+    "weights/update_pause_ms",
+    "weights/broadcast_ms",
+    "queue/rollouts",
+    "samples/trained",
+    "tokens/trained",
+    "ledger/duplicates",
+    "run/restarts",
+)
+_TRAINER_KEYS = (
+    "rl/loss",
+    "rl/reward_mean",
+    "rl/ess",
+    "rl/clipped_fraction",
+    "rl/behaviour_mismatch",
+    "lag/mean",
+    "lag/p50",
+    "lag/p90",
+    "lag/max",
+    "samples/trained",
+    "tokens/trained",
+    "weights/broadcast_ms",
+)
+_ACTOR_KEYS = ("throughput/actor_tokens_per_s", "actor/idle_fraction", "weights/update_pause_ms")
+
+
+# ----- pure mapping from stage records to metrics -----
+
+
+def trainer_metrics(record: Mapping[str, Any]) -> dict[str, float]:
+    """Stable metrics of one trainer record (one optimizer step)."""
+    metrics = {key: float(record[key]) for key in _TRAINER_KEYS if key in record}
+    busy = float(record["trainer/step_s"]) + float(record.get("weights/broadcast_ms", 0.0)) / 1000
+    total = busy + float(record["trainer/wait_s"])
+    metrics["trainer/idle_fraction"] = float(record["trainer/wait_s"]) / total if total > 0 else 0.0
+    metrics["throughput/trainer_tokens_per_s"] = float(record["tokens"]) / total if total > 0 else 0.0
+    return metrics
+
+
+def actor_metrics(record: Mapping[str, Any]) -> dict[str, float]:
+    """Stable metrics of one actor record (one loaded weight update); actors > 0 get a prefix."""
+    actor_id = int(record.get("actor_id", 0))
+    prefix = "" if actor_id == 0 else f"actor{actor_id}:"
+    return {prefix + key: float(record[key]) for key in _ACTOR_KEYS if key in record}
+
+
+def preprocessor_metrics(record: Mapping[str, Any]) -> dict[str, float]:
+    return {"queue/rollouts": float(record["queue/rollouts"])}

@@ -1,0 +1,326 @@
+"""The run tracker: one MLflow run per ``pipelinerl run``, and the platform database, from one owner.
+
+Stages never talk to MLflow: they append records to JSON-lines files (``platform/jsonl.py``); the
+launcher process hands each new record to a ``RunTracker``, whose background thread writes them
+in batches (``log_batch``) every ``tracking.flush_interval_s`` seconds. A slow or unreachable
+server therefore delays the charts, never a stage.
+
+Metric names are stable (``METRICS``); ``step`` is always the policy version. What the tracker
+records:
+
+* params: the whole resolved config, flattened (``run.mode``, ``rl.batch_size``, ...);
+* tags: mode, task, model, git commit, Prefect flow-run id (when there is one), parent run;
+* metrics per optimizer step from the trainer, per weight update from each actor, per batch
+  from the preprocessor, and held-out success when evaluated;
+* figures (``platform/tracking/figures.py``) every ``tracking.figures_every`` versions and at the end;
+* checkpoints as MLflow logged models carrying the policy version, samples trained and location;
+* the platform database: the run row, per-step statistics, lag histograms, policy versions, and
+  the rollout ledger (a rollout trained twice is counted in ``ledger/duplicates``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.tracking.metrics import actor_metrics, preprocessor_metrics, trainer_metrics
+from pipelinerl.platform.tracking.mlflow_store import (
+    MLFLOW_STATUS,
+    CheckpointRecord,
+    MetricPoint,
+    MlflowStore,
+    TrackingError,
+    artifact_root,
+    mlflow_uri,
+    param_items,
+    run_tags,
+)
+
+logger = logging.getLogger("pipelinerl.tracking")
+
+# ----- the owner -----
+
+
+@dataclass
+class TrackedRun:
+    """What the owner has seen of the run so far (for figures and the final summary)."""
+
+    trainer_records: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[tuple[float, float]] = field(default_factory=list)  # (wall_s, success)
+    duplicates: int = 0
+    # Policy-version fields that may arrive before the trainer's record of that version.
+    versions: dict[int, dict[str, Any]] = field(default_factory=dict)
+    pending: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+class RunTracker:
+    """Writes one run to MLflow and the platform database from a background thread.
+
+    ``start`` (synchronous: a store that cannot be reached fails the run before any stage starts),
+    then ``trainer_records`` / ``actor_records`` / ``preprocessor_records`` / ``evaluated`` as data
+    arrives (they only enqueue), then ``finish``.
+    """
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        run_id: str,
+        *,
+        parent_mlflow_run_id: str | None = None,
+        parent_run_id: str | None = None,
+        prefect_flow_run_id: str | None = None,
+    ) -> None:
+        self.config = config
+        self.run_id = run_id
+        self.parent_run_id = parent_run_id
+        self.parent_mlflow_run_id = parent_mlflow_run_id
+        self.prefect_flow_run_id = prefect_flow_run_id
+        self.mlflow: MlflowStore | None = None
+        self.mlflow_run_id: str | None = None
+        self.store: Any = None  # PlatformStore
+        self.seen = TrackedRun()
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_figures_version = 0
+        self._points: list[MetricPoint] = []  # the outbox: metric points and writes not yet stored
+        self._writes: list[Callable[[], object]] = []
+        self._outage = False
+        self.failures = 0
+
+    # --- lifecycle ---
+
+    def start(self, model_path: Path, started_at: float) -> str:
+        """Create the MLflow run and the database row; returns the MLflow run id."""
+        from pipelinerl.platform.tracking.db import database_url
+        from pipelinerl.platform.tracking.store import PlatformStore
+
+        config = self.config
+        if mlflow_uri(config) == database_url(config):
+            raise TrackingError(
+                f"the MLflow store and the platform database are both {mlflow_uri(config)!r}; they need "
+                "separate databases (both have a table named runs): set tracking.database_url or "
+                "tracking.mlflow_uri to another one"
+            )
+        # Both stores are reached before anything is created in either: no orphan run on failure.
+        self.store = PlatformStore(database_url(config))
+        self.mlflow = MlflowStore(mlflow_uri(config), artifact_root(config))
+        self.mlflow_run_id = self.mlflow.start_run(
+            config.run.name,
+            self.run_id,
+            run_tags(config, model_path, self.prefect_flow_run_id),
+            self.parent_mlflow_run_id,
+        )
+        self.mlflow.log_params(self.mlflow_run_id, param_items(config))
+        self.store.create_run(
+            self.run_id,
+            name=config.run.name,
+            mode=config.run.mode,
+            config=config.model_dump(mode="json"),
+            started_at=datetime.fromtimestamp(started_at, UTC),
+            mlflow_run_id=self.mlflow_run_id,
+            prefect_flow_run_id=self.prefect_flow_run_id,
+            parent_run_id=self.parent_run_id,
+        )
+        self._thread = threading.Thread(target=self._loop, name="tracking", daemon=True)
+        self._thread.start()
+        return self.mlflow_run_id
+
+    def finish(self, status: str, summary: dict[str, Any] | None = None) -> None:
+        """Flush everything, log the final figures and summary, and close the run as ``status``.
+
+        If the stores are unreachable, retries for ``tracking.final_flush_timeout_s`` and then
+        gives up, saying what was not written (the run directory still holds every record).
+        """
+        if self.mlflow is None or self.mlflow_run_id is None:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        mlflow, run_id = self.mlflow, self.mlflow_run_id
+        self._writes.append(self._log_figures)
+        if summary is not None:
+            self._writes.append(lambda: mlflow.log_dict(run_id, summary, "summary.json"))
+            self._points.extend(
+                MetricPoint(f"summary/{key}", float(value), 0, time.time())
+                for key, value in summary.items()
+                if isinstance(value, int | float) and not isinstance(value, bool)
+            )
+        self._writes.append(lambda: mlflow.end_run(run_id, MLFLOW_STATUS[status]))
+        self._writes.append(
+            lambda: self.store.finish_run(
+                self.run_id, status=status, ended_at=datetime.now(UTC), summary=summary
+            )
+        )
+        deadline = time.monotonic() + self.config.tracking.final_flush_timeout_s
+        while not self._flush():
+            if time.monotonic() >= deadline:
+                logger.error(
+                    "tracking: %d items could not be written to %s before giving up; the run directory "
+                    "keeps every record",
+                    self.outbox_size,
+                    self.mlflow.uri,
+                )
+                return
+            time.sleep(min(2.0, self.config.tracking.flush_interval_s))
+
+    # --- data in (called from the launcher's supervise loop; never blocks) ---
+
+    def trainer_records(self, records: Sequence[dict[str, Any]]) -> None:
+        for record in records:
+            self._queue.put(("trainer", record))
+
+    def actor_records(self, records: Sequence[dict[str, Any]]) -> None:
+        for record in records:
+            self._queue.put(("actor", record))
+
+    def preprocessor_records(self, records: Sequence[dict[str, Any]]) -> None:
+        for record in records:
+            self._queue.put(("preprocessor", record))
+
+    def evaluated(self, policy_version: int, success: float, wall_s: float) -> None:
+        self._queue.put(("eval", (policy_version, success, wall_s)))
+
+    def checkpoint(self, checkpoint: CheckpointRecord) -> None:
+        self._queue.put(("checkpoint", checkpoint))
+
+    def restarted(self, restarts: int, policy_version: int) -> None:
+        """The stages were started again (``run.max_restarts``), the ``restarts``-th time."""
+        self._queue.put(("restart", (restarts, policy_version)))
+
+    # --- the background thread ---
+    #
+    # Each record is turned, once, into metric points and "writes" (database rows, logged models);
+    # both wait in an outbox until the stores take them. If a store is down, the outbox keeps them
+    # (the run goes on) and the next flush retries, in order; nothing is written twice.
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.config.tracking.flush_interval_s):
+            self._flush()
+            every = self.config.tracking.figures_every
+            newest = self.seen.trainer_records[-1]["policy_version"] if self.seen.trainer_records else 0
+            if every and newest - self._last_figures_version >= every:
+                self._last_figures_version = newest
+                self._writes.append(self._log_figures)
+
+    @property
+    def outbox_size(self) -> int:
+        return len(self._points) + len(self._writes)
+
+    def _flush(self) -> bool:
+        """Process new records and try to empty the outbox; True when it is empty."""
+        while True:
+            try:
+                kind, payload = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            self._process(kind, payload)
+        if not self.outbox_size:
+            return True
+        try:
+            while self._writes:
+                self._writes[0]()
+                self._writes.pop(0)
+            assert self.mlflow is not None and self.mlflow_run_id is not None
+            self.mlflow.log_metrics(self.mlflow_run_id, self._points)
+            self._points.clear()
+        except Exception as error:  # tracking must not take the run down: keep the outbox, say so
+            self.failures += 1
+            if not self._outage:
+                logger.warning(
+                    "tracking store unreachable (%s): %s; training goes on, %d items buffered",
+                    type(error).__name__,
+                    str(error).splitlines()[0][:200] if str(error) else "",
+                    self.outbox_size,
+                )
+            self._outage = True
+            return False
+        if self._outage:
+            logger.warning("tracking store reachable again; buffered items written")
+            self._outage = False
+        return True
+
+    def _process(self, kind: str, payload: Any) -> None:
+        if kind == "trainer":
+            self._trainer_record(payload)
+        elif kind == "actor":
+            for key, value in actor_metrics(payload).items():
+                self._points.append(MetricPoint(key, value, int(payload["policy_version"]), payload["time"]))
+            if "weights/update_pause_ms" in payload and int(payload.get("actor_id", 0)) == 0:
+                self._policy_version(
+                    int(payload["policy_version"]), pause_ms=float(payload["weights/update_pause_ms"])
+                )
+        elif kind == "preprocessor":
+            for key, value in preprocessor_metrics(payload).items():
+                self._points.append(MetricPoint(key, value, int(payload["step"]), payload["time"]))
+        elif kind == "eval":
+            version, success, wall_s = payload
+            self.seen.evals.append((wall_s, success))
+            self._points.append(MetricPoint("eval/success", success, version, time.time()))
+        elif kind == "restart":
+            restarts, version = payload
+            self._points.append(MetricPoint("run/restarts", float(restarts), version, time.time()))
+        elif kind == "checkpoint":
+            assert self.mlflow is not None and self.mlflow_run_id is not None
+            mlflow, run_id, name = self.mlflow, self.mlflow_run_id, self.config.run.name
+            self._writes.append(lambda: mlflow.log_checkpoint(run_id, name, payload))
+            self._policy_version(payload.policy_version, checkpoint_path=payload.path)
+
+    def _trainer_record(self, record: dict[str, Any]) -> None:
+        version = int(record["policy_version"])
+        self.seen.trainer_records.append(record)
+        created_at = datetime.fromtimestamp(float(record["time"]), UTC)
+        entries = [(rollout_id, produced_by, version) for rollout_id, produced_by in record["rollouts"]]
+
+        def ledger_and_step() -> None:
+            # One ledger transaction: retried whole after an outage, so no id is counted twice.
+            duplicates = self.store.record_consumed(self.run_id, entries)
+            self.seen.duplicates += len(duplicates)
+            self._points.append(
+                MetricPoint("ledger/duplicates", float(self.seen.duplicates), version, float(record["time"]))
+            )
+            self.store.record_step(
+                self.run_id, version, record, record["lag/histogram"], created_at=created_at
+            )
+
+        self._writes.append(ledger_and_step)
+        self.seen.versions[version] = {
+            "samples_trained": int(record["samples/trained"]),
+            "tokens_trained": int(record["tokens/trained"]),
+            "created_at": created_at,
+        }
+        self._policy_version(version, broadcast_ms=record.get("weights/broadcast_ms"))
+        self._points.extend(
+            MetricPoint(key, value, version, float(record["time"]))
+            for key, value in trainer_metrics(record).items()
+        )
+
+    def _policy_version(self, version: int, **fields: Any) -> None:
+        """Record fields of a policy version once the trainer's record of it has been seen."""
+        pending = self.seen.pending.setdefault(version, {})
+        pending.update({key: value for key, value in fields.items() if value is not None})
+        if version in self.seen.versions:
+            values = {**self.seen.versions[version], **self.seen.pending.pop(version)}
+            self._writes.append(lambda: self.store.record_policy_version(self.run_id, version, **values))
+
+    def _log_figures(self) -> None:
+        from pipelinerl.platform.tracking import figures
+
+        records = self.seen.trainer_records
+        if not records or self.mlflow is None or self.mlflow_run_id is None:
+            return
+        for name, figure in (
+            ("lag_histogram", figures.lag_histogram(records)),
+            ("lag_by_position", figures.lag_by_position(records)),
+            ("learning_curves", figures.learning_curves(records, self.seen.evals)),
+            ("ess_by_step", figures.ess_by_step(records)),
+        ):
+            self.mlflow.log_figure(self.mlflow_run_id, figure, f"figures/{name}.png")

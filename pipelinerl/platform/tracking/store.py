@@ -1,0 +1,461 @@
+"""The platform database's API for the rest of the platform: runs, policy versions, steps, the ledger.
+
+One ``PlatformStore`` per process that records (the run's tracking owner) or reads (the CLI, the UI).
+Every method is one transaction and returns plain frozen dataclasses, never ORM objects, so results
+can cross threads and outlive the session.
+
+Writes that a restarted stage may repeat are idempotent: ``record_step`` and ``record_policy_version``
+upsert, and ``record_consumed`` inserts each rollout into the ledger at most once and reports the
+ones it already held (the trainer must not train those again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, delete, func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from pipelinerl.platform.tracking.db import (
+    RUN_STATUSES,
+    Base,
+    LagHistogram,
+    PlatformDatabaseError,
+    PolicyVersion,
+    RolloutLedger,
+    Run,
+    StepStats,
+    make_engine,
+    translate_errors,
+    upgrade,
+    utcnow,
+)
+
+FINISHED_STATUSES = tuple(status for status in RUN_STATUSES if status != "running")
+# Rows per INSERT statement: far below SQLite's 32,766 and PostgreSQL's 65,535 bound parameters.
+INSERT_CHUNK_ROWS = 1000
+# Most candidates an ambiguous run-id prefix names in its error.
+AMBIGUOUS_CANDIDATES_SHOWN = 10
+
+# step_stats column -> the key of the trainer's per-step record (metrics.jsonl) that fills it.
+STEP_STAT_KEYS: dict[str, str] = {
+    "loss": "rl/loss",
+    "reward_mean": "rl/reward_mean",
+    "ess": "rl/ess",
+    "lag_mean": "lag/mean",
+    "lag_p50": "lag/p50",
+    "lag_p90": "lag/p90",
+    "lag_max": "lag/max",
+    "tokens": "tokens",
+    "samples": "samples",
+    "step_s": "trainer/step_s",
+    "wait_s": "trainer/wait_s",
+}
+INTEGER_STEP_STATS = frozenset({"lag_max", "tokens", "samples"})
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    """A run as listed: its fields and how many optimizer steps it recorded."""
+
+    id: str
+    name: str
+    mode: str
+    status: str
+    started_at: datetime
+    ended_at: datetime | None
+    mlflow_run_id: str | None
+    prefect_flow_run_id: str | None
+    parent_run_id: str | None
+    summary: dict[str, Any] | None
+    steps: int
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds from start to end; for a run still running, to now."""
+        return ((self.ended_at or utcnow()) - self.started_at).total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyVersionRow:
+    version: int
+    samples_trained: int
+    tokens_trained: int
+    created_at: datetime
+    checkpoint_path: str | None
+    broadcast_ms: float | None
+    pause_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepStatsRow:
+    version: int
+    loss: float | None
+    reward_mean: float | None
+    ess: float | None
+    lag_mean: float | None
+    lag_p50: float | None
+    lag_p90: float | None
+    lag_max: int | None
+    tokens: int | None
+    samples: int | None
+    step_s: float | None
+    wait_s: float | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    """One run with its configuration, policy versions, step statistics and lag histograms."""
+
+    run: RunRow
+    config: dict[str, Any]
+    policy_versions: tuple[PolicyVersionRow, ...]
+    steps: tuple[StepStatsRow, ...]
+    lag_histograms: dict[int, dict[int, int]] = field(default_factory=dict)
+
+
+class PlatformStore:
+    """Typed access to the platform database at ``url``; the schema is upgraded to head on construction."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        upgrade(url)
+        self._engine = make_engine(url)
+        self._sessions = sessionmaker(self._engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> PlatformStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- runs -------------------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        run_id: str,
+        name: str,
+        mode: str,
+        config: Mapping[str, Any],
+        started_at: datetime,
+        mlflow_run_id: str | None = None,
+        prefect_flow_run_id: str | None = None,
+        parent_run_id: str | None = None,
+    ) -> None:
+        """Record a new run with status ``running``; its id must be new, its parent (if any) known."""
+        with self._transaction() as session:
+            if session.get(Run, run_id) is not None:
+                raise ValueError(f"run {run_id!r} already exists in the platform database")
+            if parent_run_id is not None and session.get(Run, parent_run_id) is None:
+                raise LookupError(
+                    f"parent run {parent_run_id!r} of run {run_id!r} is not in the platform database"
+                )
+            session.add(
+                Run(
+                    id=run_id,
+                    name=name,
+                    mode=mode,
+                    config=dict(config),
+                    status="running",
+                    started_at=started_at,
+                    ended_at=None,
+                    mlflow_run_id=mlflow_run_id,
+                    prefect_flow_run_id=prefect_flow_run_id,
+                    parent_run_id=parent_run_id,
+                    summary=None,
+                )
+            )
+
+    def finish_run(
+        self, run_id: str, status: str, ended_at: datetime, summary: Mapping[str, Any] | None = None
+    ) -> None:
+        """Mark a run finished, failed or killed; a summary given replaces the stored one."""
+        if status not in FINISHED_STATUSES:
+            raise ValueError(
+                f"run status {status!r} is not a final status; valid: {', '.join(FINISHED_STATUSES)}"
+            )
+        values: dict[str, Any] = {"status": status, "ended_at": ended_at}
+        if summary is not None:
+            values["summary"] = dict(summary)
+        self._update_run(run_id, values)
+
+    def set_mlflow_run_id(self, run_id: str, mlflow_run_id: str) -> None:
+        self._update_run(run_id, {"mlflow_run_id": mlflow_run_id})
+
+    def list_runs(self, limit: int = 50) -> list[RunRow]:
+        """The most recently started runs first."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        with self._transaction() as session:
+            query = _runs_with_steps().order_by(Run.started_at.desc(), Run.id.desc()).limit(limit)
+            return [_run_row(run, steps) for run, steps in session.execute(query).tuples()]
+
+    def get_run(self, run_id_or_prefix: str) -> RunDetail:
+        """A run by its id or a unique prefix of it; LookupError if none or several match."""
+        with self._transaction() as session:
+            run_id = _resolve_run_id(session, run_id_or_prefix)
+            run, steps_count = session.execute(_runs_with_steps().where(Run.id == run_id)).tuples().one()
+            versions = session.scalars(
+                select(PolicyVersion).where(PolicyVersion.run_id == run_id).order_by(PolicyVersion.version)
+            )
+            steps = session.scalars(
+                select(StepStats).where(StepStats.run_id == run_id).order_by(StepStats.version)
+            )
+            histograms: dict[int, dict[int, int]] = {}
+            for row in session.scalars(
+                select(LagHistogram)
+                .where(LagHistogram.run_id == run_id)
+                .order_by(LagHistogram.version, LagHistogram.lag)
+            ):
+                histograms.setdefault(row.version, {})[row.lag] = row.count
+            return RunDetail(
+                run=_run_row(run, steps_count),
+                config=dict(run.config),
+                policy_versions=tuple(
+                    PolicyVersionRow(
+                        version=v.version,
+                        samples_trained=v.samples_trained,
+                        tokens_trained=v.tokens_trained,
+                        created_at=v.created_at,
+                        checkpoint_path=v.checkpoint_path,
+                        broadcast_ms=v.broadcast_ms,
+                        pause_ms=v.pause_ms,
+                    )
+                    for v in versions
+                ),
+                steps=tuple(
+                    StepStatsRow(
+                        version=s.version,
+                        **{column: getattr(s, column) for column in STEP_STAT_KEYS},
+                        created_at=s.created_at,
+                    )
+                    for s in steps
+                ),
+                lag_histograms=histograms,
+            )
+
+    # -- per-step records -------------------------------------------------------------------------
+
+    def record_step(
+        self,
+        run_id: str,
+        version: int,
+        stats: Mapping[str, Any],
+        lag_histogram: Mapping[int, int] | Sequence[int],
+        created_at: datetime | None = None,
+    ) -> None:
+        """Store the statistics and lag histogram of the step that produced ``version``.
+
+        ``stats`` is the trainer's per-step record (``rl/loss``, ``rl/ess``, ``lag/mean``, ``tokens``,
+        ``trainer/step_s`` ..., see ``STEP_STAT_KEYS``) or a dict keyed by the column names; other keys
+        are ignored (the full record lives in ``metrics.jsonl`` and MLflow). ``lag_histogram`` maps a
+        lag to its token count, or is a list whose entry k counts lag k; zero counts are not stored.
+        Recording a version again replaces what was stored for it.
+        """
+        values = {"run_id": run_id, "version": version, "created_at": created_at or utcnow()}
+        for column, record_key in STEP_STAT_KEYS.items():
+            value = stats.get(record_key, stats.get(column))
+            if value is not None:
+                value = int(value) if column in INTEGER_STEP_STATS else float(value)
+            values[column] = value
+        counts = lag_histogram.items() if isinstance(lag_histogram, Mapping) else enumerate(lag_histogram)
+        histogram_rows = [
+            {"run_id": run_id, "version": version, "lag": int(lag), "count": int(count)}
+            for lag, count in counts
+            if count
+        ]
+        with self._transaction() as session:
+            self._require_run(session, run_id)
+            statement = _insert(session, StepStats).values(values)
+            statement = statement.on_conflict_do_update(
+                index_elements=["run_id", "version"],
+                set_={
+                    column: statement.excluded[column]
+                    for column in values
+                    if column not in ("run_id", "version")
+                },
+            )
+            session.execute(statement)
+            session.execute(
+                delete(LagHistogram).where(LagHistogram.run_id == run_id, LagHistogram.version == version)
+            )
+            for chunk in _chunks(histogram_rows):
+                session.execute(_insert(session, LagHistogram).values(chunk))
+
+    def record_policy_version(
+        self,
+        run_id: str,
+        version: int,
+        samples_trained: int,
+        tokens_trained: int,
+        created_at: datetime,
+        checkpoint_path: str | None = None,
+        broadcast_ms: float | None = None,
+        pause_ms: float | None = None,
+    ) -> None:
+        """Store a policy version; recording it again updates it, a field given as None keeps its value."""
+        values: dict[str, Any] = {
+            "run_id": run_id,
+            "version": version,
+            "samples_trained": int(samples_trained),
+            "tokens_trained": int(tokens_trained),
+            "created_at": created_at,
+            "checkpoint_path": None if checkpoint_path is None else str(checkpoint_path),
+            "broadcast_ms": None if broadcast_ms is None else float(broadcast_ms),
+            "pause_ms": None if pause_ms is None else float(pause_ms),
+        }
+        with self._transaction() as session:
+            self._require_run(session, run_id)
+            statement = _insert(session, PolicyVersion).values(values)
+            statement = statement.on_conflict_do_update(
+                index_elements=["run_id", "version"],
+                set_={
+                    column: func.coalesce(statement.excluded[column], PolicyVersion.__table__.c[column])
+                    for column in values
+                    if column not in ("run_id", "version")
+                },
+            )
+            session.execute(statement)
+
+    # -- the rollout ledger -----------------------------------------------------------------------
+
+    def record_consumed(
+        self,
+        run_id: str,
+        entries: Iterable[tuple[str, int, int]],
+        consumed_at: datetime | None = None,
+    ) -> list[str]:
+        """Enter ``(rollout_id, produced_by_version, consumed_at_version)`` rollouts into the ledger.
+
+        Returns, in the order given, the ids the ledger already held before this call: those were
+        trained before and must not be trained again. Only new ids are inserted, all in one
+        transaction, and concurrent callers cannot both insert the same id. An id repeated within
+        ``entries`` is entered once (its first entry) and not reported.
+        """
+        consumed_at = consumed_at or utcnow()
+        rows: dict[str, dict[str, Any]] = {}
+        for rollout_id, produced_by_version, consumed_at_version in entries:
+            rows.setdefault(
+                rollout_id,
+                {
+                    "run_id": run_id,
+                    "rollout_id": rollout_id,
+                    "produced_by_version": int(produced_by_version),
+                    "consumed_at_version": int(consumed_at_version),
+                    "consumed_at": consumed_at,
+                },
+            )
+        inserted: set[str] = set()
+        with self._transaction() as session:
+            self._require_run(session, run_id)
+            for chunk in _chunks(list(rows.values())):
+                statement = (
+                    _insert(session, RolloutLedger)
+                    .values(chunk)
+                    .on_conflict_do_nothing(index_elements=["run_id", "rollout_id"])
+                    .returning(RolloutLedger.rollout_id)
+                )
+                inserted.update(session.scalars(statement))
+        return [rollout_id for rollout_id in rows if rollout_id not in inserted]
+
+    def consumed_ids(self, run_id: str) -> set[str]:
+        """Every rollout id the ledger holds for ``run_id``."""
+        with self._transaction() as session:
+            return set(
+                session.scalars(select(RolloutLedger.rollout_id).where(RolloutLedger.run_id == run_id))
+            )
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Session]:
+        """A session in one transaction: committed on success, rolled back on any error."""
+        with translate_errors(self.url), self._sessions.begin() as session:
+            yield session
+
+    def _update_run(self, run_id: str, values: dict[str, Any]) -> None:
+        with self._transaction() as session:
+            result = session.execute(update(Run).where(Run.id == run_id).values(**values))
+            if result.rowcount == 0:  # type: ignore[attr-defined]
+                raise LookupError(f"no run {run_id!r} in the platform database")
+
+    @staticmethod
+    def _require_run(session: Session, run_id: str) -> None:
+        if session.get(Run, run_id) is None:
+            raise LookupError(f"no run {run_id!r} in the platform database")
+
+
+def _insert(session: Session, entity: type[Base]) -> Any:
+    """The backend's INSERT, which has ``on_conflict_do_update`` / ``on_conflict_do_nothing``."""
+    backend = session.get_bind().dialect.name
+    if backend == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+
+        return postgresql_insert(entity)
+    if backend == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(entity)
+    raise PlatformDatabaseError(f"unsupported database backend {backend!r}; use SQLite or PostgreSQL")
+
+
+def _chunks(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    for start in range(0, len(rows), INSERT_CHUNK_ROWS):
+        yield rows[start : start + INSERT_CHUNK_ROWS]
+
+
+def _runs_with_steps() -> Select[tuple[Run, int]]:
+    """Runs, each with the number of steps it recorded."""
+    steps = (
+        select(StepStats.run_id, func.count().label("steps"))
+        .group_by(StepStats.run_id)
+        .subquery("step_counts")
+    )
+    return select(Run, func.coalesce(steps.c.steps, 0)).outerjoin(steps, steps.c.run_id == Run.id)
+
+
+def _run_row(run: Run, steps: int) -> RunRow:
+    return RunRow(
+        id=run.id,
+        name=run.name,
+        mode=run.mode,
+        status=run.status,
+        started_at=run.started_at,
+        ended_at=run.ended_at,
+        mlflow_run_id=run.mlflow_run_id,
+        prefect_flow_run_id=run.prefect_flow_run_id,
+        parent_run_id=run.parent_run_id,
+        summary=None if run.summary is None else dict(run.summary),
+        steps=int(steps),
+    )
+
+
+def _resolve_run_id(session: Session, run_id_or_prefix: str) -> str:
+    """The id of the run named exactly, else of the one run whose id starts with the prefix."""
+    if not run_id_or_prefix:
+        raise LookupError("no run id given")
+    if session.get(Run, run_id_or_prefix) is not None:
+        return run_id_or_prefix
+    candidates = list(
+        session.scalars(
+            select(Run.id)
+            .where(Run.id.startswith(run_id_or_prefix, autoescape=True))
+            .order_by(Run.id)
+            .limit(AMBIGUOUS_CANDIDATES_SHOWN + 1)
+        )
+    )
+    if not candidates:
+        raise LookupError(f"no run {run_id_or_prefix!r} in the platform database")
+    if len(candidates) > 1:
+        shown = ", ".join(candidates[:AMBIGUOUS_CANDIDATES_SHOWN])
+        more = " and more" if len(candidates) > AMBIGUOUS_CANDIDATES_SHOWN else ""
+        raise LookupError(f"run id prefix {run_id_or_prefix!r} is ambiguous: it matches {shown}{more}")
+    return candidates[0]

@@ -1,0 +1,353 @@
+"""The ``vllm`` actor engine: vLLM's async engine (``AsyncLLM``) with in-flight weight updates.
+
+vLLM's scheduler keeps up to H requests in flight (continuous batching); the actor submits a new
+prompt whenever one finishes. The engine runs in its own processes (an engine core and one worker
+per tensor-parallel shard); this module drives it from an asyncio loop on a background thread, so
+the actor calls it synchronously like the transformers engine (``protocol.py``'s ``Engine``).
+
+Behaviour log-probs: the engine is built with ``logprobs_mode="processed_logprobs"``, so the
+log-prob vLLM returns for each sampled token is taken from the distribution the sampler actually
+drew from, after temperature (and top-k/top-p, which the actor leaves off), renormalised; vLLM's
+default, ``raw_logprobs``, would give the log-prob under the model's untempered softmax instead.
+
+In-flight update (paper §3), one call of ``update_weights``:
+
+1. ``pause_generation(mode="keep")``: the scheduler stops between two engine steps; in-flight
+   requests stay queued with their KV cache (``kv_cache_on_update="keep"``, the paper's behaviour),
+   or, with ``"recompute"``, the cache is cleared (``clear_cache=True``): every running request is
+   preempted and its prefix is recomputed under the new weights when generation resumes;
+2. ``load(workers)``: the worker extension (``vllm_extension.py``) receives the tensors over the
+   weight group and loads them in one ``reload_weights`` call;
+3. ``update_weight_version(str(version))``: vLLM's engine core labels the output of every later
+   step with this version;
+4. ``resume_generation()``.
+
+Version stamps come from those labels: vLLM records, per request, the output-token index at which
+each label starts (``CompletionOutput.weight_versions``), and labels change only while the engine is
+paused, so the token index of a switch is exactly the first token sampled with the new weights.
+
+Prefix caching is off: with it, a new prompt that shares a prefix with an earlier one would reuse
+KV blocks written by older weights.
+
+Runs inside ``.venv-vllm`` (``make vllm-env``): imports only the base dependencies and vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pipelinerl.workers.engines.protocol import CompletedSequence
+from pipelinerl.workers.engines.vllm_extension import EXTENSION
+
+logger = logging.getLogger(__name__)
+
+KvCacheOnUpdate = Literal["keep", "recompute"]
+T = TypeVar("T")
+
+# vLLM's CPU attention kernels take KV-cache blocks in multiples of 32 tokens.
+CPU_BLOCK_SIZE = 32
+
+
+@dataclass(frozen=True)
+class WeightGroupAddress:
+    """Where the engine's workers join the trainer's weight group, and as which ranks."""
+
+    host: str
+    port: int
+    first_rank: int  # this engine's workers take first_rank .. first_rank + tensor_parallel_size - 1
+    world_size: int
+    backend: Literal["gloo", "nccl"] = "gloo"
+    timeout_s: float = 300.0
+
+
+class VLLMWorkers:
+    """What ``update_weights``' ``load`` receives: the engine's workers, reached by collective RPC.
+
+    Each method runs on every worker (one per tensor-parallel shard) and returns the slowest's seconds.
+    """
+
+    def __init__(self, engine: VLLMEngine) -> None:
+        self._engine = engine
+
+    def receive_and_load(self, names: list[str], shapes: list[list[int]], dtypes: list[str]) -> float:
+        """Receive one update over the weight group and load it (one ``reload_weights`` call)."""
+        return max(self._engine.rpc("pipelinerl_receive_and_load", names, shapes, dtypes))
+
+    def tokens_in_flight(self) -> dict[str, tuple[int, int]]:
+        """``request id -> (output tokens so far, last token)`` in the engine's batch (first worker's
+        record; call while paused). vLLM may suffix the ids it was given."""
+        first, *_ = self._engine.rpc("pipelinerl_tokens_in_flight")
+        return {request_id: (count, last) for request_id, (count, last) in first.items()}
+
+    def load_received(self) -> float:
+        """Load the update staged earlier by ``VLLMEngine.receive_weights``."""
+        return max(self._engine.rpc("pipelinerl_load_received"))
+
+
+class VLLMEngine:
+    """H sequences in flight on vLLM; weights swap between two engine steps."""
+
+    def __init__(
+        self,
+        model_path: Path | str,
+        *,
+        eos_token_id: int,
+        max_in_flight: int,
+        max_new_tokens: int,
+        max_prompt_tokens: int,
+        temperature: float = 1.0,
+        seed: int | None = None,
+        policy_version: int = 0,
+        kv_cache_on_update: KvCacheOnUpdate = "keep",
+        weight_group: WeightGroupAddress | None = None,
+        dtype: str = "float32",
+        kv_cache_gib: float = 1.0,
+        lm_head_fp32: bool = False,
+        tensor_parallel_size: int = 1,
+        enforce_eager: bool = True,
+        cpu_threads: int | None = None,
+    ) -> None:
+        from vllm import SamplingParams
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.sampling_params import RequestOutputKind
+
+        if kv_cache_on_update not in ("keep", "recompute"):
+            raise ValueError(f"kv_cache_on_update={kv_cache_on_update!r}: expected 'keep' or 'recompute'")
+        self.eos_token_id = eos_token_id
+        self.max_new_tokens = max_new_tokens
+        self.policy_version = policy_version
+        self.kv_cache_on_update: KvCacheOnUpdate = kv_cache_on_update
+        self._sampling = SamplingParams(
+            n=1,
+            temperature=temperature,
+            top_p=1.0,
+            top_k=0,
+            max_tokens=max_new_tokens,
+            stop_token_ids=[eos_token_id],
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        max_model_len = max_prompt_tokens + max_new_tokens
+        engine_args = AsyncEngineArgs(
+            model=str(model_path),
+            skip_tokenizer_init=True,  # the actor tokenizes; vLLM sees token ids only
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            max_num_seqs=max_in_flight,
+            max_num_batched_tokens=max(max_model_len, 2048),
+            kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
+            block_size=CPU_BLOCK_SIZE,
+            enable_prefix_caching=False,  # old-weights KV blocks must not serve new prompts
+            enforce_eager=enforce_eager,
+            tensor_parallel_size=tensor_parallel_size,
+            logprobs_mode="processed_logprobs",  # behaviour log-probs after temperature
+            worker_extension_cls=EXTENSION,
+            disable_log_stats=True,
+            # vLLM's switch for an fp32 head (model.lm_head_fp32, lm_head.py); a no-op with float32 weights.
+            hf_overrides={"head_dtype": "float32"} if lm_head_fp32 else {},
+        )
+        self._results: queue.Queue[CompletedSequence | BaseException] = queue.Queue()
+        self._outstanding: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine", daemon=True)
+        self._thread.start()
+        started = time.perf_counter()
+        try:
+            self._engine = self._call(self._create(engine_args, cpu_threads))
+            self._call(self._engine.update_weight_version(str(policy_version)))
+            if weight_group is not None:
+                self.rpc(
+                    "pipelinerl_join_weight_group",
+                    weight_group.host,
+                    weight_group.port,
+                    weight_group.first_rank,
+                    weight_group.world_size,
+                    weight_group.backend,
+                    weight_group.timeout_s,
+                )
+        except BaseException:
+            self._stop_loop()
+            raise
+        self.startup_s = time.perf_counter() - started
+        self.last_update_s: dict[str, float] = {}  # phases of the last update_weights, seconds
+        self.workers = VLLMWorkers(self)
+
+    @staticmethod
+    async def _create(engine_args: Any, cpu_threads: int | None) -> Any:
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        # The KV cache is sized by kv_cache_memory_bytes; vLLM's CPU platform lets this legacy
+        # variable override it, so a stray value from the environment must not.
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        if cpu_threads is not None and current_platform.is_cpu():
+            # vLLM on CPU pins one OpenMP thread to every core by default; the actor shares the
+            # machine with the trainer, so its workers run cpu_threads threads, unpinned.
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+            os.environ["OMP_NUM_THREADS"] = str(cpu_threads)
+        return AsyncLLM.from_engine_args(engine_args)
+
+    def _call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
+
+    def rpc(self, method: str, *args: Any) -> list[Any]:
+        """Call a worker-extension method on every worker; returns their results in rank order."""
+        return self._call(self._engine.collective_rpc(method, args=args))
+
+    # ----- generation -----
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._outstanding)
+
+    def submit(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
+        prompt = list(prompt_token_ids)
+        self._outstanding.add(request_id)
+        self._loop.call_soon_threadsafe(self._start_request, request_id, prompt)
+
+    def _start_request(self, request_id: str, prompt: list[int]) -> None:
+        task = self._loop.create_task(self._generate(request_id, prompt))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _generate(self, request_id: str, prompt: list[int]) -> None:
+        try:
+            final = None
+            async for output in self._engine.generate(
+                {"prompt_token_ids": prompt}, self._sampling, request_id=request_id
+            ):
+                final = output
+            if final is None or not final.finished:
+                raise RuntimeError(f"vLLM returned no final output for request {request_id}")
+            self._results.put(self._complete(request_id, prompt, final.outputs[0]))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # handed to the actor thread by poll
+            self._results.put(RuntimeError(f"generation of {request_id} failed: {error!r}"))
+
+    def _complete(self, request_id: str, prompt: list[int], completion: Any) -> CompletedSequence:
+        tokens = list(completion.token_ids)
+        if completion.logprobs is None or len(completion.logprobs) != len(tokens):
+            raise RuntimeError(f"request {request_id}: vLLM returned no log-prob for some tokens")
+        logprobs = [
+            float(position[token].logprob)
+            for position, token in zip(completion.logprobs, tokens, strict=True)
+        ]
+        return CompletedSequence(
+            request_id=request_id,
+            prompt_token_ids=prompt,
+            completion_token_ids=tokens,
+            behaviour_logprobs=logprobs,
+            token_versions=token_versions(completion.weight_versions, len(tokens), request_id),
+            finished=bool(tokens) and tokens[-1] == self.eos_token_id,
+        )
+
+    def poll(self, timeout_s: float) -> list[CompletedSequence]:
+        """Finished sequences: waits up to ``timeout_s`` for the first, then takes what else is ready."""
+        items: list[CompletedSequence | BaseException] = []
+        try:
+            items.append(self._results.get(timeout=timeout_s))
+            while True:
+                items.append(self._results.get_nowait())
+        except queue.Empty:
+            pass
+        completed = []
+        for item in items:
+            if isinstance(item, BaseException):
+                raise item
+            self._outstanding.discard(item.request_id)
+            completed.append(item)
+        if not completed and self._outstanding and self._engine.errored:
+            raise RuntimeError(f"the vLLM engine died with {len(self._outstanding)} requests in flight")
+        return completed
+
+    # ----- weights -----
+
+    def receive_weights(self, names: list[str], shapes: list[list[int]], dtypes: list[str]) -> float:
+        """Receive an update into the workers' staging buffers, to load later with
+        ``update_weights(version, lambda workers: workers.load_received())`` (the actor's async mode).
+
+        The call runs between two engine steps: generation stalls while the tensors arrive.
+        """
+        return max(self.rpc("pipelinerl_receive", names, shapes, dtypes))
+
+    @contextmanager
+    def paused(self) -> Iterator[VLLMWorkers]:
+        """Hold generation between two engine steps (cache kept or cleared per ``kv_cache_on_update``)."""
+        clear_cache = self.kv_cache_on_update == "recompute"
+        self._call(self._engine.pause_generation(mode="keep", clear_cache=clear_cache))
+        try:
+            yield self.workers
+        finally:
+            self._call(self._engine.resume_generation())
+
+    def update_weights(self, new_version: int, load: Callable[[VLLMWorkers], Any]) -> float:
+        """Between two engine steps: ``load(workers)``, label later tokens ``new_version``, resume.
+
+        Returns the pause in seconds (from asking for it to generation resumed). Every request in
+        flight stays in flight.
+        """
+        started = time.perf_counter()
+        with self.paused() as workers:
+            paused = time.perf_counter()
+            load(workers)
+            loaded = time.perf_counter()
+            self._call(self._engine.update_weight_version(str(new_version)))
+            self.policy_version = new_version
+        ended = time.perf_counter()
+        self.last_update_s = {
+            "pause": paused - started,
+            "load": loaded - paused,
+            "label_resume": ended - loaded,
+        }
+        return ended - started
+
+    # ----- lifecycle -----
+
+    def close(self) -> None:
+        try:
+            self._call(self._shutdown(), timeout_s=60)
+        finally:
+            self._stop_loop()
+
+    async def _shutdown(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        self._engine.shutdown()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+def token_versions(spans: Sequence[Any] | None, num_tokens: int, request_id: str = "") -> list[int]:
+    """Per-token policy versions from vLLM's weight-version spans (``[start, end)`` and a label)."""
+    if num_tokens == 0:
+        return []
+    if not spans:
+        raise RuntimeError(f"request {request_id}: vLLM reported no weight version for its tokens")
+    versions: list[int] = []
+    for span in spans:
+        if span.start != len(versions):
+            raise RuntimeError(
+                f"request {request_id}: weight-version spans leave a gap at token {span.start}"
+            )
+        versions.extend([int(span.version)] * (span.end - span.start))
+    if len(versions) != num_tokens:
+        raise RuntimeError(
+            f"request {request_id}: weight-version spans cover {len(versions)} of {num_tokens} tokens"
+        )
+    return versions

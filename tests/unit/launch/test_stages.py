@@ -1,0 +1,133 @@
+"""Which stages each role's node runs (``launch/stages.py``), and the config checks behind it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelinerl.launch.stages import assignment, build_stages
+from pipelinerl.platform.config import ConfigError, load_config
+
+
+def config(*overrides: str):
+    return load_config(None, list(overrides))
+
+
+def test_one_machine_runs_every_stage():
+    share = assignment(config("trainer.num_processes=2", "actor.num_actors=3", "rl.batch_size=32"))
+    assert share.stage_names() == ["trainer0", "trainer1", "preprocessor", "actor0", "actor1", "actor2"]
+
+
+def test_roles_split_over_their_nodes():
+    split = config(
+        "trainer.num_processes=4",
+        "rl.batch_size=32",
+        "actor.num_actors=4",
+        "cluster.trainer_nodes=2",
+        "cluster.actor_nodes=2",
+    )
+    assert assignment(split, "trainer", 0).stage_names() == ["trainer0", "trainer1", "preprocessor"]
+    assert assignment(split, "trainer", 1).stage_names() == ["trainer2", "trainer3"]
+    assert assignment(split, "actor", 0).stage_names() == ["actor0", "actor1"]
+    assert assignment(split, "actor", 1).stage_names() == ["actor2", "actor3"]
+    every = [
+        name
+        for role in ("trainer", "actor")
+        for node in (0, 1)
+        for name in assignment(split, role, node).stage_names()
+    ]
+    assert sorted(every) == sorted(assignment(split).stage_names()), "each stage on exactly one node"
+
+
+def test_a_node_outside_the_role_is_named():
+    with pytest.raises(ValueError, match=r"node 2 is outside 0..1 \(cluster.actor_nodes=2\)"):
+        assignment(config("actor.num_actors=2", "cluster.actor_nodes=2"), "actor", 2)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["actor.num_actors=3", "cluster.actor_nodes=2"],
+            "actor.num_actors=3 must divide evenly over cluster.actor_nodes=2",
+        ),
+        (
+            ["trainer.num_processes=2", "rl.batch_size=32", "cluster.trainer_nodes=4"],
+            "trainer.num_processes=2 must divide evenly over cluster.trainer_nodes=4",
+        ),
+        (["cluster.placement=slurm"], "cluster.placement"),
+        (["cluster.actor_deployment=rl-role"], "cluster.actor_deployment"),
+    ],
+)
+def test_bad_cluster_settings_fail_naming_them(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        config(*overrides)
+
+
+def test_a_second_trainer_node_gets_global_ranks_and_local_ranks(tmp_path: Path):
+    split = config("trainer.num_processes=4", "rl.batch_size=32", "cluster.trainer_nodes=2")
+    stages = build_stages(split, tmp_path, tmp_path / "model", "trainer", 1)
+    assert [s.name for s in stages] == ["trainer2", "trainer3"]
+    assert [(s.env["RANK"], s.env["LOCAL_RANK"], s.env["WORLD_SIZE"]) for s in stages] == [
+        ("2", "0", "4"),
+        ("3", "1", "4"),
+    ]
+    assert all(s.env["MASTER_PORT"] == str(split.transport.port("trainer_dist")) for s in stages)
+
+
+def test_the_actor_interpreter_must_exist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import sys
+
+    from pipelinerl.launch import stages
+    from pipelinerl.launch.launcher import check_actor_interpreter
+
+    check_actor_interpreter(config())  # this interpreter
+    with pytest.raises(ConfigError, match="actor.python='/nowhere/python' does not exist"):
+        check_actor_interpreter(config("actor.python=/nowhere/python"))
+    monkeypatch.setattr(stages, "vllm_python", lambda: tmp_path / ".venv-vllm" / "bin" / "python")
+    vllm = config("actor.engine=vllm")
+    assert stages.actor_interpreter(vllm) == str(tmp_path / ".venv-vllm" / "bin" / "python")
+    with pytest.raises(ConfigError, match="make vllm-env"):
+        check_actor_interpreter(vllm)
+    assert (
+        stages.actor_interpreter(config("actor.engine=vllm", f"actor.python={sys.executable}"))
+        == sys.executable
+    )
+
+
+def test_actor_and_trainer_cores(tmp_path: Path):
+    import os
+
+    from pipelinerl.launch.launcher import check_cpus
+
+    pinned = config("actor.cpus=[0]", "trainer.cpus=[1]")
+    stages = {s.name: s.cpus for s in build_stages(pinned, tmp_path, tmp_path / "model")}
+    assert stages == {"trainer0": (1,), "preprocessor": (1,), "actor0": (0,)}
+    assert all(s.cpus == () for s in build_stages(config(), tmp_path, tmp_path / "model"))
+    missing = max(os.sched_getaffinity(0)) + 1
+    with pytest.raises(
+        ConfigError, match=rf"actor.cpus=\[{missing}\]: core\(s\) \[{missing}\] are not available"
+    ):
+        check_cpus(config(f"actor.cpus=[{missing}]"))
+    with pytest.raises(ConfigError, match="trainer.cpus"):
+        config("trainer.cpus=[-1]")
+
+
+def test_a_pinned_stage_runs_on_its_core(tmp_path: Path):
+    import os
+    import sys
+
+    from pipelinerl.launch.stages import Stage
+
+    core = min(os.sched_getaffinity(0))
+    stage = Stage(
+        "probe",
+        [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+        dict(os.environ),
+        tmp_path / "probe.log",
+        (core,),
+    )
+    stage.start(cwd=tmp_path)
+    assert stage.process is not None and stage.process.wait(timeout=30) == 0
+    assert stage.log_path.read_text().strip() == f"[{core}]"
