@@ -256,6 +256,8 @@ def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random
         context.term()
 
 
+# Its setup may train the session's warm start (about 2.5 minutes on a busy 2-core machine).
+@pytest.mark.timeout(600)
 def test_actor_logits_equal_trainer_logits_after_updates(tmp_path, warm_model_dir):
     """Real trainer and preprocessor processes; the actor runs here so its model can be inspected."""
     import torch

@@ -74,6 +74,8 @@ def test_two_vllm_actors_in_async_mode_stage_weights_in_their_workers(tmp_path, 
     assert max(check_behaviour_mismatch(result)) < 1e-3
 
 
+# Its setup may train the session's warm start (about 2.5 minutes on a busy 2-core machine).
+@pytest.mark.timeout(600)
 def test_a_vllm_run_updates_in_flight_and_learns(tmp_path, warm_model_dir):
     """The default experiment in pipeline mode with the vLLM actor, shortened to 40 steps and 100
     held-out problems: sequences are written across in-flight updates, the logged statistics match
