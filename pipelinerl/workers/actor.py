@@ -234,8 +234,11 @@ class Actor:
         """vllm: the engine's workers take the tensors from the weight group themselves."""
         tensors = (list(notice.parameter_names), notice.parameter_shapes, notice.parameter_dtypes)
         if self.config.run.mode == "async":  # staged in the workers, loaded when the actor drains
-            self.engine.receive_weights(*tensors)
+            # Receiving replaces the workers' staged tensors: it must not interleave with a load of the
+            # previous ones (apply_staged, under the same lock), or that load would take these tensors
+            # under the older version's label and leave nothing staged for this version.
             with self.staged.lock:
+                self.engine.receive_weights(*tensors)
                 self.staged.version = notice.policy_version
                 self.staged.in_engine = True
         else:
