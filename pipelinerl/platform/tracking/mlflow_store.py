@@ -6,7 +6,9 @@ HTTP retries are capped so a server that went away delays the tracking thread, n
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +20,11 @@ from pipelinerl.platform.config import PipelineConfig, flatten
 MAX_METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch call
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_LENGTH = 6000
+
+
+# The metric names MLflow accepts (its own check, mlflow/utils/validation.py).
+METRIC_NAME = re.compile(r"^[/\w.\- :]*$")
+logger = logging.getLogger("pipelinerl.tracking")
 
 
 class TrackingError(RuntimeError):
@@ -129,6 +136,7 @@ class MlflowStore:
         self.uri = uri
         self.artifact_location = artifact_location
         self.client = MlflowClient(tracking_uri=uri)
+        self._refused: set[str] = set()  # metric names MLflow would refuse, already reported
 
     def experiment_id(self, name: str) -> str:
         from mlflow.exceptions import MlflowException
@@ -160,9 +168,18 @@ class MlflowStore:
             self.client.log_batch(run_id, params=params[start : start + MAX_PARAMS_PER_BATCH])
 
     def log_metrics(self, run_id: str, points: Sequence[MetricPoint]) -> None:
+        """Log ``points`` in batches; a name MLflow would refuse is dropped (said once), not sent: one
+        bad name would fail every batch it is in, and the run's tracking with it."""
         from mlflow.entities import Metric
 
-        metrics = [Metric(p.key, p.value, int(p.timestamp * 1000), p.step) for p in points]
+        for key in sorted({p.key for p in points if not METRIC_NAME.match(p.key)} - self._refused):
+            self._refused.add(key)
+            logger.error("metric %r not logged: MLflow names allow only letters, digits and _-. :/", key)
+        metrics = [
+            Metric(p.key, p.value, int(p.timestamp * 1000), p.step)
+            for p in points
+            if METRIC_NAME.match(p.key)
+        ]
         for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
             self.client.log_batch(run_id, metrics=metrics[start : start + MAX_METRICS_PER_BATCH])
 
