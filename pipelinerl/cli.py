@@ -71,7 +71,13 @@ def run(config: ConfigOption = None, set_: SetOption = None) -> None:
         placement = placement_for(resolved, lambda text: console.log(text))
     view = ProgressView(console, resolved)
     with _run_errors(), view:
-        result = launch(resolved, on_records=view.add_records, on_status=view.set_status, placement=placement)
+        result = launch(
+            resolved,
+            on_records=view.add_records,
+            on_status=view.set_status,
+            on_eval=view.add_evals,
+            placement=placement,
+        )
     view.print_summary(result.summary, result.run_dir)
 
 

@@ -144,3 +144,19 @@ def non_loopback_ipv4() -> str | None:
             if address.family == socket.AF_INET and not address.address.startswith("127."):
                 return address.address
     return None
+
+
+@pytest.fixture(scope="session")
+def qwen_style_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random Qwen2 model with a Qwen-style tokenizer (no BOS, chat template, EOS list): models.py."""
+    from tests.models import build_family_model_dir
+
+    return build_family_model_dir(tmp_path_factory.mktemp("qwen-style") / "model", "qwen_style")
+
+
+@pytest.fixture(scope="session")
+def llama_style_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random Llama model with a Llama-3-style tokenizer (BOS, no pad, EOS list); see tests/models.py."""
+    from tests.models import build_family_model_dir
+
+    return build_family_model_dir(tmp_path_factory.mktemp("llama-style") / "model", "llama_style")

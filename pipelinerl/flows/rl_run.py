@@ -76,20 +76,29 @@ class StageLogForwarder:
                     self.logger.info("[%s] %s", path.stem, line)
 
 
-def progress_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The progress table: one row per policy version."""
-    return [
-        {
-            "version": r["policy_version"],
-            "reward": round(r["rl/reward_mean"], 4),
-            "ESS": round(r["rl/ess"], 4),
-            "lag mean": round(r["lag/mean"], 3),
-            "lag max": r["lag/max"],
-            "samples": r["samples/trained"],
-            "wall s": round(r["wall_s"], 1),
-        }
-        for r in records
-    ]
+def progress_rows(
+    records: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]] = ()
+) -> list[dict[str, Any]]:
+    """The progress table: one row per policy version, with the latest in-run eval at that version."""
+    rows = []
+    latest: dict[str, Any] | None = None
+    pending = sorted(evals, key=lambda e: e["policy_version"])
+    for r in records:
+        while pending and pending[0]["policy_version"] <= r["policy_version"]:
+            latest = pending.pop(0)
+        rows.append(
+            {
+                "version": r["policy_version"],
+                "reward": round(r["rl/reward_mean"], 4),
+                "ESS": round(r["rl/ess"], 4),
+                "lag mean": round(r["lag/mean"], 3),
+                "lag max": r["lag/max"],
+                "samples": r["samples/trained"],
+                "wall s": round(r["wall_s"], 1),
+                "eval pass@1": f"{latest['pass@1']:.3f} (v{latest['policy_version']})" if latest else "",
+            }
+        )
+    return rows
 
 
 class ProgressArtifacts:
@@ -97,7 +106,11 @@ class ProgressArtifacts:
 
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []
         self._published = 0
+
+    def add_evals(self, records: Sequence[dict[str, Any]]) -> None:
+        self.evals.extend(records)
 
     def add(self, records: Sequence[dict[str, Any]]) -> None:
         self.records.extend(records)
@@ -110,7 +123,7 @@ class ProgressArtifacts:
         self._published = self.records[-1]["policy_version"]
         create_table_artifact(
             key=ARTIFACT_KEY,
-            table=progress_rows(self.records),
+            table=progress_rows(self.records, self.evals),
             description=f"Progress up to policy version {self._published}",
         )
 
@@ -145,6 +158,7 @@ def rl_run(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa
             config,
             run_id=run_id,
             on_records=progress.add,
+            on_eval=progress.add_evals,
             on_status=lambda text: logger.info("%s", text),
             prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
             placement=placement_for(config, lambda text: logger.info("%s", text)),

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, LocalStages, StageFailed
 from pipelinerl.platform.checkpoint import CheckpointError, latest_checkpoint, starting_version
-from pipelinerl.platform.config import PipelineConfig, with_overrides
+from pipelinerl.platform.config import ConfigError, PipelineConfig, with_overrides
 from pipelinerl.platform.jsonl import JsonlTail
 from pipelinerl.platform.tracking.mlflow_store import CheckpointRecord
 
@@ -94,6 +94,7 @@ def preflight(config: PipelineConfig) -> None:
 
         check_reachable(mlflow_uri(config))
         check_reachable(database_url(config), "platform database")
+    check_task_and_model(config)
     if config.run.resume_from is not None:
         from pipelinerl.platform.checkpoint import read_info
 
@@ -141,6 +142,11 @@ def resolve_model(config: PipelineConfig, console: Any = None) -> Path:
         return config.model.path
     from pipelinerl.launch.warmstart import ensure_warm_start
 
+    if config.task.name != "arithmetic":
+        raise ConfigError(
+            f"task.name={config.task.name!r} needs a model: set model.path to a local Hugging Face model "
+            "directory (the embedded model is warm-started on the arithmetic task only)"
+        )
     cache_dir = config.run.home.expanduser() / "warmstart"
     return ensure_warm_start(
         cache_dir,
@@ -156,13 +162,61 @@ def held_out_success(config: PipelineConfig, model_path: Path) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipelinerl.launch.warmstart import evaluate_success
-    from pipelinerl.tasks import get_task
+    from pipelinerl.tasks import build_task
+    from pipelinerl.tasks.prompting import eos_token_ids, prompt_format
 
-    task = get_task(config.task.name)
+    task = build_task(config.task)
     problems = task.problems("eval", config.task.eval_problems, config.run.seed)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    return evaluate_success(model, tokenizer, task, problems, max_new_tokens=config.actor.max_new_tokens)
+    return evaluate_success(
+        model,
+        tokenizer,
+        task,
+        problems,
+        max_new_tokens=config.actor.max_new_tokens,
+        prompt=prompt_format(tokenizer, config.model.chat_template, config.model.system_prompt),
+        eos_ids=eos_token_ids(tokenizer, model_path),
+    )
+
+
+# Files of which a Hugging Face model directory holds at least one when it has a tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def check_task_and_model(config: PipelineConfig) -> None:
+    """The task builds (its data is there, its options are right) and the model directory has what the
+    prompts need: a tokenizer, an end-of-sequence token, the chat template asked for."""
+    from pipelinerl.tasks import build_task
+
+    task = build_task(config.task)  # TaskError names the file, field or option
+    if not task.problems("train", 1, config.run.seed):
+        raise ConfigError(
+            f"task {config.task.name!r} has no train problems (task.options={config.task.options})"
+        )
+    if not task.problems("eval", 1, config.run.seed):
+        raise ConfigError(
+            f"task {config.task.name!r} has no held-out problems (task.options={config.task.options})"
+        )
+    model_path = config.run.resume_from or config.model.path
+    if model_path is None:
+        return  # the embedded model: its tokenizer is built here
+    from transformers import AutoTokenizer
+
+    from pipelinerl.tasks.prompting import eos_token_ids, prompt_format
+
+    # transformers builds an empty tokenizer (a vocabulary of one) for a directory without one: look first.
+    if not any((Path(model_path) / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(
+            f"model directory {str(model_path)!r} has no usable tokenizer: none of "
+            f"{', '.join(TOKENIZER_FILES)} is there (save it beside the model: tokenizer.save_pretrained)"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"model directory {str(model_path)!r} has no usable tokenizer: {error}") from None
+    eos_token_ids(tokenizer, model_path)
+    prompt_format(tokenizer, config.model.chat_template, config.model.system_prompt)
 
 
 class RecordTails:
@@ -176,6 +230,7 @@ class RecordTails:
         self.trainer = JsonlTail(run_dir / "metrics.jsonl")
         self.actors = [JsonlTail(run_dir / f"actor{k}.jsonl") for k in range(num_actors)]
         self.preprocessor = JsonlTail(run_dir / "preprocessor.jsonl")
+        self.evals = JsonlTail(run_dir / "eval.jsonl")
         self.last_version = -1
 
     def read(self, sink: RecordSink) -> list[dict[str, Any]]:
@@ -185,6 +240,8 @@ class RecordTails:
                 sink.actor_records(new)
         if new := self.preprocessor.read():
             sink.preprocessor_records(new)
+        if new := self.evals.read():
+            sink.eval_records(new)
         trainer = [r for r in self.trainer.read() if r["policy_version"] > self.last_version]
         if trainer:
             self.last_version = trainer[-1]["policy_version"]
@@ -196,6 +253,7 @@ class RecordSink(Protocol):
     def trainer_records(self, records: Sequence[dict[str, Any]]) -> None: ...
     def actor_records(self, records: Sequence[dict[str, Any]]) -> None: ...
     def preprocessor_records(self, records: Sequence[dict[str, Any]]) -> None: ...
+    def eval_records(self, records: Sequence[dict[str, Any]]) -> None: ...
 
 
 @dataclass
@@ -204,6 +262,8 @@ class Sinks:
 
     on_trainer: list[Callable[[Sequence[dict[str, Any]]], None]]
     tracker: Any = None  # RunTracker
+    on_eval: list[Callable[[Sequence[dict[str, Any]]], None]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)  # every in-run eval record so far
 
     def trainer_records(self, records: Sequence[dict[str, Any]]) -> None:
         for callback in self.on_trainer:
@@ -229,6 +289,13 @@ class Sinks:
     def preprocessor_records(self, records: Sequence[dict[str, Any]]) -> None:
         if self.tracker is not None:
             self.tracker.preprocessor_records(records)
+
+    def eval_records(self, records: Sequence[dict[str, Any]]) -> None:
+        self.evals.extend(records)
+        for callback in self.on_eval:
+            callback(list(records))
+        if self.tracker is not None:
+            self.tracker.eval_records(records)
 
 
 class Placement(Protocol):
@@ -270,6 +337,7 @@ def launch(
     *,
     on_records: Callable[[Sequence[dict[str, Any]]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
+    on_eval: Callable[[Sequence[dict[str, Any]]], None] | None = None,
     run_id: str | None = None,
     parent_mlflow_run_id: str | None = None,
     parent_run_id: str | None = None,
@@ -310,7 +378,7 @@ def launch(
                 prepared,
                 placement(config, run_dir),
                 status,
-                Sinks([on_records] if on_records else [], tracker),
+                Sinks([on_records] if on_records else [], tracker, on_eval=[on_eval] if on_eval else []),
             )
         outcome = "finished"
         return result
@@ -363,6 +431,11 @@ def _run(
             "start_policy_version": prepared.start_version,
             "restarts": restarts,
             "placement": config.cluster.placement,
+            # In-run evaluations through the actor's engine (eval.every), at the versions they measured.
+            "eval_in_run": [
+                {"policy_version": r["policy_version"], "set": r["set"], "pass@1": r["pass@1"]}
+                for r in sinks.evals
+            ],
         },
     )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

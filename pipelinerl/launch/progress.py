@@ -20,6 +20,7 @@ class ProgressView:
         self.config = config
         self.status = "starting"
         self.last: dict[str, Any] = {}
+        self.last_eval: dict[str, Any] = {}
         self.started = time.time()
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
@@ -50,9 +51,28 @@ class ProgressView:
         self.progress.update(self.task_id, completed=self.last["policy_version"])
         self.live.update(self._render())
 
+    def add_evals(self, records: list[dict[str, Any]]) -> None:
+        """In-run evaluations (``eval.every``): the latest is shown beside the training row."""
+        self.last_eval = records[-1]
+        self.live.update(self._render())
+
+    def _latest_eval(self) -> str:
+        e = self.last_eval
+        return f"{e['pass@1']:.1%} @v{e['policy_version']}" if e else "-"
+
     def _render(self) -> Group:
         table = Table(show_header=True, header_style="bold", box=None)
-        for column in ("version", "reward", "ESS", "lag mean/max", "in-flight seqs", "tokens/s", "status"):
+        columns = (
+            "version",
+            "reward",
+            "ESS",
+            "lag mean/max",
+            "in-flight seqs",
+            "tokens/s",
+            "eval pass@1",
+            "status",
+        )
+        for column in columns:
             table.add_column(column)
         r = self.last
         if r:
@@ -64,10 +84,11 @@ class ProgressView:
                 f"{r['lag/mean']:.2f}/{r['lag/max']}",
                 str(r["inflight_sequences"]),
                 f"{tokens_per_s:.0f}",
+                self._latest_eval(),
                 self.status,
             )
         else:
-            table.add_row("-", "-", "-", "-", "-", "-", self.status)
+            table.add_row("-", "-", "-", "-", "-", "-", self._latest_eval(), self.status)
         return Group(self.progress, table)
 
     def print_summary(self, summary: dict[str, Any], run_dir: Path) -> None:

@@ -128,6 +128,9 @@ def stage_env(threads: int) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
         DS_ACCELERATOR=env.get("DS_ACCELERATOR", "cpu"),
         TOKENIZERS_PARALLELISM="false",
+        # The actor and the preprocessor each build the task's problem list and must agree on every id;
+        # some procedural generators draw from sets, whose order follows the string hash seed.
+        PYTHONHASHSEED="0",
     )
     return env
 

@@ -44,6 +44,8 @@ from filelock import FileLock, Timeout
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from pipelinerl.tasks import Problem, Task, get_task
+from pipelinerl.tasks.base import reference_completion, safe_score
+from pipelinerl.tasks.prompting import PromptFormat, encode_problem, eos_token_ids, pad_token_id
 from pipelinerl.tasks.tokenizer import build_tokenizer, encode_completion, encode_prompt
 
 logger = logging.getLogger(__name__)
@@ -95,7 +97,7 @@ class WarmStartSettings:
         """
         task = get_task(self.task_name)
         sample = [
-            (problem.prompt, task.reference_completion(problem), problem.answer)
+            (problem.prompt, reference_completion(task, problem), problem.answer)
             for split in ("train", "eval")
             for problem in task.problems(split, 16, self.seed)
         ]
@@ -135,42 +137,55 @@ def evaluate_success(
     problems: list[Problem],
     max_new_tokens: int,
     batch_size: int = 64,
+    prompt: PromptFormat | None = None,
+    eos_ids: list[int] | None = None,
 ) -> float:
-    """Greedy held-out success rate: the mean verifier score over ``problems``."""
+    """Greedy held-out success rate: the mean task reward over ``problems``.
+
+    Prompts are built as the actor builds them (``prompt``: plain text by default); generation stops
+    at any of ``eos_ids`` (default: the tokenizer's) and the completion at the task's first stop string.
+    """
     if not problems:
         raise ValueError("evaluate_success needs at least one problem")
     was_training = model.training
     model.eval()
-    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    pad_id = pad_token_id(tokenizer)
+    eos = eos_ids or eos_token_ids(tokenizer)
+    prompt = prompt or PromptFormat(None)
     total = 0.0
     try:
         for start in range(0, len(problems), batch_size):
             chunk = problems[start : start + batch_size]
-            prompts = [encode_prompt(tokenizer, problem.prompt) for problem in chunk]
-            width = max(len(prompt) for prompt in prompts)
+            prompts = [encode_problem(tokenizer, problem, prompt) for problem in chunk]
+            width = max(len(ids) for ids in prompts)
             # Left padding keeps every prompt's last token in the last column, where generation starts.
-            input_ids = torch.tensor([[pad_id] * (width - len(prompt)) + prompt for prompt in prompts])
-            attention_mask = torch.tensor(
-                [[0] * (width - len(prompt)) + [1] * len(prompt) for prompt in prompts]
-            )
+            input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in prompts])
+            attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
             output = model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
                 pad_token_id=pad_id,
-                eos_token_id=eos_id,
+                eos_token_id=eos,
             )
             for problem, generated in zip(chunk, output[:, width:].tolist(), strict=True):
-                completion = tokenizer.decode(_until_eos(generated, eos_id), skip_special_tokens=True)
-                total += task.verify(problem, completion)
+                completion = tokenizer.decode(_until_eos(generated, eos), skip_special_tokens=True)
+                total += safe_score(task, problem, _until_stop(completion, task.stop_strings)).reward
     finally:
         model.train(was_training)
     return total / len(problems)
 
 
-def _until_eos(token_ids: list[int], eos_id: int) -> list[int]:
-    return token_ids[: token_ids.index(eos_id)] if eos_id in token_ids else token_ids
+def _until_eos(token_ids: list[int], eos_ids: list[int]) -> list[int]:
+    ends = [index for index, token in enumerate(token_ids) if token in eos_ids]
+    return token_ids[: ends[0]] if ends else token_ids
+
+
+def _until_stop(text: str, stop_strings: tuple[str, ...]) -> str:
+    """``text`` up to and including its first stop string (the actor cuts completions the same way)."""
+    ends = [text.index(stop) + len(stop) for stop in stop_strings if stop in text]
+    return text[: min(ends)] if ends else text
 
 
 Example = tuple[list[int], list[int]]
@@ -185,7 +200,7 @@ def _examples(task: Task, tokenizer: PreTrainedTokenizerBase, problems: list[Pro
     examples = []
     for problem in problems:
         prompt = encode_prompt(tokenizer, problem.prompt)
-        completion = encode_completion(tokenizer, task.reference_completion(problem))
+        completion = encode_completion(tokenizer, reference_completion(task, problem))
         examples.append((prompt + completion, [-100] * len(prompt) + completion))
     return examples
 

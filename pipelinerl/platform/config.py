@@ -11,6 +11,7 @@ The configuration is a tree of sections (``run``, ``model``, ``task``, ``actor``
 from __future__ import annotations
 
 import ipaddress
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -89,6 +90,15 @@ class ModelConfig(Section):
         description="Most supervised steps of the embedded model's warm-start; it stops earlier once the "
         "task is partly learned (ignored with a path).",
     )
+    chat_template: str = Field(
+        "auto",
+        description="How prompts are built: 'auto' renders a task's chat messages with the tokenizer's chat "
+        "template (plain text when the task or the tokenizer has none), 'none' always uses plain text, or "
+        "the path of a Jinja chat template file.",
+    )
+    system_prompt: str | None = Field(
+        None, description="A system message put before a task's chat messages (when a chat template applies)."
+    )
     lm_head_fp32: bool = Field(
         False,
         description="Compute the LM head (hidden states to vocabulary logits) in float32 on the trainer and "
@@ -110,10 +120,34 @@ class ModelConfig(Section):
         return path
 
 
+# The tasks the package ships (``pipelinerl/tasks``); a user's own is named "package.module:Class".
+BUILTIN_TASKS: tuple[str, ...] = ("arithmetic", "math", "reasoning_gym")
+_TASK_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
 class TaskConfig(Section):
-    name: Literal["arithmetic"] = Field("arithmetic", description="Shipped task with a verifier.")
+    name: str = Field(
+        "arithmetic",
+        description="The task: arithmetic (the embedded default), math (a local dataset or the shipped set, "
+        "checked with math-verify), reasoning_gym (a procedural generator), or your own as "
+        "'package.module:Class' (docs/tasks.md).",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The task's own settings, passed to its constructor (e.g. math: dataset, question_field; "
+        "reasoning_gym: generator, params); see docs/tasks.md.",
+    )
     train_problems: int = Field(20000, ge=1, description="Size of the deterministic train split.")
     eval_problems: int = Field(200, ge=1, description="Held-out problems for eval success.")
+
+    @field_validator("name")
+    @classmethod
+    def _known_task(cls, name: str) -> str:
+        if name in BUILTIN_TASKS or _TASK_IMPORT_PATH.match(name):
+            return name
+        raise ValueError(
+            f"unknown task {name!r}; valid: {', '.join(BUILTIN_TASKS)}, or 'package.module:Class' (your own)"
+        )
 
 
 class ActorConfig(Section):
@@ -164,6 +198,31 @@ class RLConfig(Section):
     is_cap: float = Field(5.0, gt=0, description="c: cap of the truncated importance weight min(r, c).")
     ppo_clip_epsilon: float = Field(0.2, gt=0, lt=1, description="PPO clip range epsilon.")
     normalize_advantages: bool = Field(False, description="Divide group advantages by the group std.")
+    truncated: Literal["train", "mask", "penalise"] = Field(
+        "train",
+        description="A completion cut at actor.max_new_tokens: trained like any other (train), kept in its "
+        "group's baseline with advantage 0 so it adds nothing to the loss (mask), or given reward "
+        "-rl.truncated_penalty (penalise).",
+    )
+    truncated_penalty: float = Field(
+        1.0, ge=0, description="rl.truncated=penalise: the reward is minus this."
+    )
+    format_reward: float = Field(
+        0.0,
+        ge=0,
+        description="Added to the reward of a completion whose answer could be read (correct or wrong).",
+    )
+    drop_zero_variance_groups: bool = Field(
+        False,
+        description="Drop groups whose rewards are all equal (zero advantages, no signal: dynamic sampling); "
+        "counted in samples/dropped_zero_variance.",
+    )
+    max_lag: int | None = Field(
+        None,
+        ge=0,
+        description="Hard staleness bound: a sequence with a token more than this many versions older than "
+        "the policy it would train is dropped and counted (samples/dropped_stale). Empty: no bound.",
+    )
 
     @model_validator(mode="after")
     def _batch_holds_whole_groups(self) -> RLConfig:
@@ -194,6 +253,26 @@ class TrainerConfig(Section):
         25,
         ge=0,
         description="Save a Hugging Face checkpoint every N policy versions (0: only the final one).",
+    )
+
+
+class EvalConfig(Section):
+    every: int = Field(
+        0,
+        ge=0,
+        description="Evaluate the held-out set every this many policy versions during the run, through the "
+        "actor's own engine (0: only at the start and the end).",
+    )
+    samples: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="k: samples per held-out problem (pass@1 is their mean, pass@k any correct).",
+    )
+    name: str = Field(
+        "heldout",
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="The eval set's name in metrics (eval/<name>/pass@1).",
     )
 
 
@@ -354,6 +433,7 @@ class PipelineConfig(Section):
     task: TaskConfig = Field(default_factory=TaskConfig, description="The task and its splits.")
     actor: ActorConfig = Field(default_factory=ActorConfig, description="Generation.")
     rl: RLConfig = Field(default_factory=RLConfig, description="Rewards, advantages and the loss.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation during the run.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="DeepSpeed training.")
     transport: TransportConfig = Field(default_factory=TransportConfig, description="ZeroMQ sockets.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow and the database.")
@@ -473,10 +553,15 @@ def with_overrides(config: PipelineConfig, values: dict[str, Any]) -> PipelineCo
     """``config`` with ``{"section.key": value}`` applied and validated again (sweeps, comparisons)."""
     data = config.model_dump(mode="json")
     for key, value in values.items():
-        section, _, leaf = key.partition(".")
-        if not leaf or section not in data or not isinstance(data[section], dict):
+        section, *inner, leaf = key.split(".") if "." in key else ("", key)
+        node = data.get(section)
+        if not isinstance(node, dict):
             raise ConfigError(f"override {key!r} does not name a setting as section.key")
-        data[section][leaf] = value
+        for part in inner:  # into a mapping setting, e.g. task.options.generator
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key!r}: {part!r} is a value, not a mapping")
+        node[leaf] = value
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as exc:

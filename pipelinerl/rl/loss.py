@@ -6,8 +6,13 @@ and per-token advantages into one differentiable scalar plus the diagnostics the
 Invariants:
 
 * Every per-token tensor has the same shape (``[batch, seq]`` or flat ``[N]``); ``token_mask`` is bool and
-  masked-out positions (padding, prompt, sequences dropped for lacking an end token) contribute nothing to the
-  loss, its gradient or the diagnostics, whatever values they hold.
+  masked-out positions (padding, prompt) contribute nothing to the loss, its gradient or the diagnostics,
+  whatever values they hold.
+* Sequences cut at ``actor.max_new_tokens`` reach the loss like any other: the policy for them
+  (``rl.truncated``) is applied upstream, to rewards and advantages (``workers/preprocessor.py``'s
+  ``RewardPolicy``): ``train`` leaves them as they are, ``mask`` gives them advantage 0 (their terms
+  A·w·log pi vanish, so they add nothing to the loss or its gradient, while their tokens still count in the
+  ESS and lag diagnostics), ``penalise`` gives them a fixed negative reward before advantages are computed.
 * The loss is a *sum* over tokens divided by ``num_sequences``, the optimizer step's total sequence count,
   not the micro-batch's. Micro-batch losses therefore add up to the step loss and gradient accumulation needs
   no rescaling.

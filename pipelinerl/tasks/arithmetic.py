@@ -28,7 +28,7 @@ import hashlib
 import random
 import re
 
-from pipelinerl.tasks.base import Problem, Split
+from pipelinerl.tasks.base import Problem, Score, Split
 
 # One problem in eight (by hash) is held out: enough distinct 1-digit pairs land in eval (about
 # 12 of 100) while train keeps the rest.
@@ -68,6 +68,7 @@ class ArithmeticTask:
     """Addition of two non-negative integers of 1 to ``len(digit_weights)`` digits."""
 
     name = "arithmetic"
+    stop_strings: tuple[str, ...] = ()  # the tokenizer's end-of-sequence token ends a completion
 
     def __init__(self, digit_weights: tuple[float, ...] = DEFAULT_DIGIT_WEIGHTS) -> None:
         if not digit_weights or any(weight < 0 for weight in digit_weights) or sum(digit_weights) <= 0:
@@ -104,9 +105,12 @@ class ArithmeticTask:
             if _is_eval(f"{a}+{b}") == (split == "eval"):
                 return a, b
 
-    def verify(self, problem: Problem, completion: str) -> float:
+    def score(self, problem: Problem, completion: str) -> Score:
+        """``correct`` when the completion ends with ``A:<the sum>``; ``no_answer`` without that line."""
         match = _ANSWER.search(completion)
-        return 1.0 if match is not None and match.group(1) == problem.answer else 0.0
+        if match is None:
+            return Score(0.0, "no_answer")
+        return Score(1.0, "correct") if match.group(1) == problem.answer else Score(0.0, "wrong")
 
     def reference_completion(self, problem: Problem) -> str:
         a, b = (int(operand) for operand in problem.prompt.strip().split("+"))

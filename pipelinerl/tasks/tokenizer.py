@@ -10,7 +10,7 @@ special tokens and end with ``<eos>``. Decoding joins the characters with nothin
 from __future__ import annotations
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
@@ -38,11 +38,15 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerFast, prompt: str) -> list[int]:
-    """The actor's prompt ids: ``[bos] + chars(prompt)``."""
-    return [tokenizer.bos_token_id, *tokenizer.encode(prompt, add_special_tokens=False)]
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
+    """A plain-text prompt's ids: ``[bos] + tokens(prompt)``, without ``bos`` for tokenizers that have
+    none (Qwen-style byte-level BPE)."""
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    return ids if tokenizer.bos_token_id is None else [tokenizer.bos_token_id, *ids]
 
 
-def encode_completion(tokenizer: PreTrainedTokenizerFast, completion: str) -> list[int]:
-    """The training target ids for a completion: ``chars(completion) + [eos]``."""
+def encode_completion(tokenizer: PreTrainedTokenizerBase, completion: str) -> list[int]:
+    """The training target ids for a completion: ``tokens(completion) + [eos]``."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no end-of-sequence token, so a completion cannot be ended")
     return [*tokenizer.encode(completion, add_special_tokens=False), tokenizer.eos_token_id]

@@ -19,6 +19,11 @@ update inside one pause; in async mode they receive it into staging buffers at o
 stalls meanwhile) and load it when the actor drains. The vllm engine needs an interpreter with vLLM
 (``actor.python``, ``make vllm-env``).
 
+Prompts are the task's problems rendered as the model expects (``tasks/prompting.py``: the chat
+template, every end-of-sequence id); a finished completion is cut right after the task's first stop
+string. With ``eval.every``, actor 0 also writes the held-out set through the same engine every
+``eval.every`` versions and sends it downstream as ``split="eval"`` (``workers/evaluation.py``).
+
 Each weight update the actor loads appends a record to ``actor<k>.jsonl`` in the run directory:
 the update pause, tokens/s and the idle fraction since the previous update (time blocked on a full
 rollout queue, waiting for weights, or with nothing in flight).
@@ -36,7 +41,8 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +52,8 @@ from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
 from pipelinerl.tasks.base import Problem
+from pipelinerl.workers.engines.protocol import CompletedSequence
+from pipelinerl.workers.evaluation import EvalSchedule, eval_group_id
 
 logger = logging.getLogger("pipelinerl.actor")
 
@@ -55,6 +63,7 @@ class PendingSample:
     problem: Problem
     group_id: str
     group_size: int
+    split: str = "train"
 
 
 def prompt_stream(problems: list[Problem], seed: int, actor_id: int, num_actors: int) -> Iterator[Problem]:
@@ -92,19 +101,28 @@ class Actor:
         from transformers import AutoTokenizer
 
         from pipelinerl.platform.transport import Receiver, Sender, run_keys
-        from pipelinerl.tasks import get_task
-        from pipelinerl.tasks.tokenizer import encode_prompt
+        from pipelinerl.tasks import build_task
+        from pipelinerl.tasks.prompting import encode_problem, eos_token_ids, prompt_format
 
         self.config = config
         self.actor_id = actor_id
         self.run_id = run_dir.name
         torch.manual_seed(config.run.seed * 1000 + actor_id)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        task = get_task(config.task.name)
+        task = build_task(config.task)
+        self.stop_strings = tuple(task.stop_strings)
+        self.eos_token_ids = eos_token_ids(self.tokenizer, model_path)
         problems = task.problems("train", config.task.train_problems, config.run.seed)
         self.prompts = prompt_stream(problems, config.run.seed, actor_id, config.actor.num_actors)
-        self.encode_prompt = encode_prompt
-        max_prompt_tokens = max(len(encode_prompt(self.tokenizer, p.prompt)) for p in problems)
+        prompt = prompt_format(self.tokenizer, config.model.chat_template, config.model.system_prompt)
+        self.encode = lambda problem: encode_problem(self.tokenizer, problem, prompt)
+        # In-run evaluation (eval.every) is actor 0's: the held-out set through this engine.
+        self.eval_problems: list[Problem] = []
+        self.eval_schedule = EvalSchedule(0, 0)
+        if config.eval.every and actor_id == 0:
+            self.eval_problems = task.problems("eval", config.task.eval_problems, config.run.seed)
+            self.eval_schedule = EvalSchedule(config.eval.every, starting_version(config.run.resume_from))
+        max_prompt_tokens = max(len(self.encode(p)) for p in [*problems, *self.eval_problems])
         transport = config.transport
         # The transformers engine's weight-group member is this process; the vllm engine's, its workers.
         self.weight_group = None
@@ -157,7 +175,7 @@ class Actor:
             float32_lm_head(model)
         return TransformersEngine(
             model,
-            eos_token_id=self.tokenizer.eos_token_id,
+            eos_token_id=self.eos_token_ids,
             max_in_flight=actor.max_in_flight,
             max_new_tokens=actor.max_new_tokens,
             max_prompt_tokens=max_prompt_tokens,
@@ -179,7 +197,7 @@ class Actor:
         actor, transport = self.config.actor, self.config.transport
         return VLLMEngine(
             model_path,
-            eos_token_id=self.tokenizer.eos_token_id,
+            eos_token_id=self.eos_token_ids,
             max_in_flight=actor.max_in_flight,
             max_new_tokens=actor.max_new_tokens,
             max_prompt_tokens=max_prompt_tokens,
@@ -298,16 +316,53 @@ class Actor:
     def submit_group(self) -> None:
         problem = next(self.prompts)
         group_id = uuid.uuid4().hex
-        prompt_ids = self.encode_prompt(self.tokenizer, problem.prompt)
+        prompt_ids = self.encode(problem)
         for _ in range(self.config.rl.group_size):
             request_id = uuid.uuid4().hex
             self.pending[request_id] = PendingSample(problem, group_id, self.config.rl.group_size)
             self.engine.submit(request_id, prompt_ids)
 
+    def cut_at_stop_string(self, sequence: CompletedSequence) -> CompletedSequence:
+        """The sequence ended right after the task's first stop string (then finished), else as it is.
+
+        The engines stop only on end-of-sequence ids; a stop string is applied here, after the fact:
+        the tokens after it are dropped with their log-probs and versions, which leaves the kept
+        tokens' behaviour log-probs exactly as sampled."""
+        from pipelinerl.tasks.prompting import cut_at_stop
+
+        decode = partial(self.tokenizer.decode, skip_special_tokens=True)
+        keep = cut_at_stop(sequence.completion_token_ids, decode, self.stop_strings)
+        if keep is None:
+            return sequence
+        return replace(
+            sequence,
+            completion_token_ids=sequence.completion_token_ids[:keep],
+            behaviour_logprobs=sequence.behaviour_logprobs[:keep],
+            token_versions=sequence.token_versions[:keep],
+            finished=True,
+        )
+
+    def submit_eval_if_due(self) -> None:
+        """Submit the held-out set (k samples a problem) when an eval round is due at this version."""
+        version = self.engine.policy_version
+        if not self.eval_schedule.due(version):
+            return
+        samples = self.config.eval.samples
+        group_id = eval_group_id(self.config.eval.name, version)
+        size = len(self.eval_problems) * samples
+        logger.info("eval round %s: %d problems x %d samples", group_id, len(self.eval_problems), samples)
+        for problem in self.eval_problems:
+            prompt_ids = self.encode(problem)
+            for _ in range(samples):
+                request_id = uuid.uuid4().hex
+                self.pending[request_id] = PendingSample(problem, group_id, size, split="eval")
+                self.engine.submit(request_id, prompt_ids)
+
     def push_finished(self, timeout_s: float) -> int:
         finished = self.engine.poll(timeout_s)
         for sequence in finished:
             sample = self.pending.pop(sequence.request_id)
+            sequence = self.cut_at_stop_string(sequence)
             self.tokens_generated += len(sequence.completion_token_ids)
             rollout = Rollout(
                 rollout_id=sequence.request_id,
@@ -315,7 +370,7 @@ class Actor:
                 group_id=sample.group_id,
                 group_size=sample.group_size,
                 problem_id=sample.problem.problem_id,
-                split="train",
+                split=sample.split,
                 actor_id=self.actor_id,
                 prompt_token_ids=np.asarray(sequence.prompt_token_ids, dtype=np.int32),
                 completion_token_ids=np.asarray(sequence.completion_token_ids, dtype=np.int32),
@@ -347,6 +402,8 @@ class Actor:
                 if draining and self.engine.num_in_flight == 0:
                     self.apply_staged()
                     draining = False
+            if not draining:
+                self.submit_eval_if_due()
             while not draining and self.engine.num_in_flight + group_size <= self.config.actor.max_in_flight:
                 self.submit_group()
             self.timed_push(timeout_s=0.05)
@@ -365,6 +422,7 @@ class Actor:
         round_groups = steps * self.config.rl.batch_size // self.config.rl.group_size
         while not self.stop.is_set():
             round_version = self.engine.policy_version
+            self.submit_eval_if_due()  # with the round's frozen weights
             to_submit = round_groups
             while (to_submit or self.engine.num_in_flight) and not self.stop.is_set():
                 while to_submit and self.engine.num_in_flight + self.config.rl.group_size <= max(

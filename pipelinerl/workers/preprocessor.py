@@ -1,7 +1,8 @@
 """The preprocessor stage: rewards, leave-one-out advantages, and train batches of B sequences.
 
 Rollouts arrive from the actors one finished sequence at a time. A group (the G samples of one
-prompt) is scored by the task's verifier once it is complete; its advantages are leave-one-out
+prompt) is scored by the task once it is complete (a scorer that raises gives ``unparsable`` and
+a zero reward; every label is counted, ``scores/<label>``); its advantages are leave-one-out
 (paper §2: A_i = R_i − mean_{j≠i} R_j). Complete groups fill a batch of ``rl.batch_size``
 sequences, packed into micro-batches by padded-token budget, which goes to the trainer. Nothing is
 dropped silently: a duplicate rollout id or a rollout of an unknown problem is counted and logged.
@@ -28,9 +29,10 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
 
@@ -40,10 +42,36 @@ from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.transport import Receiver
 from pipelinerl.platform.wire import Rollout, Shutdown, TrainBatch, TrainSequence, WeightUpdate
 from pipelinerl.rl import leave_one_out_advantages, pack_micro_batches
-from pipelinerl.tasks import get_task
-from pipelinerl.tasks.base import Problem, Task
+from pipelinerl.tasks import build_task
+from pipelinerl.tasks.base import LABELS, Problem, Score, Task, safe_score
+from pipelinerl.workers.evaluation import EvalCollector, parse_eval_group_id
 
 logger = logging.getLogger("pipelinerl.preprocessor")
+
+
+@dataclass(frozen=True)
+class RewardPolicy:
+    """A completion's reward from its score, and what a truncated one trains on (``rl.truncated``).
+
+    * reward = the task's correctness reward, plus ``format_reward`` when the completion gave an
+      answer the checker could read (label ``correct`` or ``wrong``);
+    * a completion cut at ``actor.max_new_tokens`` (not finished) under ``truncated``:
+      ``"train"``: trained like any other; ``"mask"``: keeps its reward in its group's baseline but
+      gets advantage 0, so it adds nothing to the loss or its gradient; ``"penalise"``: its reward
+      is ``-truncated_penalty`` whatever its answer.
+    """
+
+    truncated: Literal["train", "mask", "penalise"] = "train"
+    truncated_penalty: float = 1.0
+    format_reward: float = 0.0
+
+    def reward(self, score: Score, finished: bool) -> float:
+        if not finished and self.truncated == "penalise":
+            return -self.truncated_penalty
+        return score.reward + (self.format_reward if score.label in ("correct", "wrong") else 0.0)
+
+    def advantage(self, advantage: float, finished: bool) -> float:
+        return 0.0 if not finished and self.truncated == "mask" else advantage
 
 
 @dataclass
@@ -58,8 +86,15 @@ class BatchBuilder:
     groups: dict[str, list[Rollout]] = field(default_factory=lambda: defaultdict(list))
     ready: list[TrainSequence] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
+    rewards: RewardPolicy = field(default_factory=lambda: RewardPolicy())
+    drop_zero_variance_groups: bool = False
+    max_lag: int | None = None  # a sequence with a token older than this at train time is dropped
+    start_version: int = 0  # the version the first batch is trained at
+    ranks: int = 1  # trainer ranks: batch i feeds optimizer step i // ranks
     batches_made: int = 0
     rejected: int = 0
+    labels: Counter[str] = field(default_factory=Counter)  # scored rollouts by label, since the start
+    dropped: Counter[str] = field(default_factory=Counter)  # samples dropped: "zero_variance", "stale"
 
     def add(self, rollout: Rollout) -> list[TrainBatch]:
         """Take one rollout; return the batches that became complete (usually none or one)."""
@@ -78,10 +113,34 @@ class BatchBuilder:
             del self.groups[rollout.group_id]
             self.ready.extend(self.score_group(group))
         batches = []
-        while len(self.ready) >= self.batch_size:
-            sequences, self.ready = self.ready[: self.batch_size], self.ready[self.batch_size :]
+        while (sequences := self._take_batch()) is not None:
             batches.append(self.make_batch(sequences))
         return batches
+
+    def _take_batch(self) -> list[TrainSequence] | None:
+        """The next batch's sequences, in arrival order, without those too stale for its step."""
+        trained_at = self.start_version + self.batches_made // self.ranks
+        chosen: list[TrainSequence] = []
+        taken = 0
+        for sequence in self.ready:
+            if len(chosen) == self.batch_size:
+                break
+            taken += 1
+            versions = sequence.token_versions
+            if self.max_lag is not None and len(versions) and trained_at - int(versions.min()) > self.max_lag:
+                self.dropped["stale"] += 1  # only gets staler: dropped for good
+                logger.info(
+                    "rollout %s dropped: lag %d > rl.max_lag",
+                    sequence.rollout_id,
+                    trained_at - int(versions.min()),
+                )
+                continue
+            chosen.append(sequence)
+        self.ready = self.ready[taken:]
+        if len(chosen) < self.batch_size:
+            self.ready = chosen + self.ready
+            return None
+        return chosen
 
     @property
     def buffered(self) -> int:
@@ -89,10 +148,19 @@ class BatchBuilder:
         return sum(len(group) for group in self.groups.values()) + len(self.ready)
 
     def score_group(self, group: list[Rollout]) -> list[TrainSequence]:
-        rewards = [self.task.verify(self.problems[r.problem_id], r.completion_text) for r in group]
+        scores = [safe_score(self.task, self.problems[r.problem_id], r.completion_text) for r in group]
+        self.labels.update(score.label for score in scores)
+        rewards = [self.rewards.reward(score, r.finished) for score, r in zip(scores, group, strict=True)]
+        if self.drop_zero_variance_groups and len(set(rewards)) == 1:
+            self.dropped["zero_variance"] += len(group)  # equal rewards: zero advantages, no signal
+            return []
         advantages = leave_one_out_advantages(
             torch.tensor([rewards], dtype=torch.float32), normalize_std=self.normalize_advantages
         )[0].tolist()
+        advantages = [
+            self.rewards.advantage(advantage, r.finished)
+            for advantage, r in zip(advantages, group, strict=True)
+        ]
         return [
             TrainSequence(
                 rollout_id=r.rollout_id,
@@ -136,6 +204,39 @@ class RoundBarrier:
         complete = len(self.held) - len(self.held) % self.batches_per_round
         released, self.held = self.held[:complete], self.held[complete:]
         return released
+
+
+@dataclass
+class EvalScorer:
+    """Eval rollouts (``split="eval"``): scored, never trained, closed into one record per round."""
+
+    task: Task
+    problems: dict[str, Problem]
+    samples: int
+    rejected: int = 0
+
+    def __post_init__(self) -> None:
+        self.rounds = EvalCollector(self.problems, self.samples)
+
+    def add(self, rollout: Rollout) -> dict[str, Any] | None:
+        problem = self.problems.get(rollout.problem_id)
+        if problem is None or parse_eval_group_id(rollout.group_id) is None:
+            self.rejected += 1
+            logger.warning(
+                "eval rollout %s: unknown problem or round %s", rollout.rollout_id, rollout.group_id
+            )
+            return None
+        score = safe_score(self.task, problem, rollout.completion_text)
+        versions = rollout.token_versions
+        mixed = len(versions) > 0 and int(versions.min()) != int(versions.max())
+        return self.rounds.add(
+            rollout.group_id,
+            rollout.group_size,
+            problem.problem_id,
+            score,
+            len(rollout.completion_token_ids),
+            mixed,
+        )
 
 
 def batches_per_round(config: PipelineConfig) -> int:
@@ -185,8 +286,12 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
 
     from pipelinerl.platform.transport import Receiver, Sender, run_keys
 
-    task = get_task(config.task.name)
+    task = build_task(config.task)
     problems = {p.problem_id: p for p in task.problems("train", config.task.train_problems, config.run.seed)}
+    evals = None
+    if config.eval.every:
+        held_out = task.problems("eval", config.task.eval_problems, config.run.seed)
+        evals = EvalScorer(task, {p.problem_id: p for p in held_out}, config.eval.samples)
     builder = BatchBuilder(
         task=task,
         problems=problems,
@@ -194,6 +299,15 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
         batch_size=config.rl.batch_size // config.trainer.num_processes,
         micro_batch_tokens=config.trainer.micro_batch_tokens,
         normalize_advantages=config.rl.normalize_advantages,
+        rewards=RewardPolicy(
+            truncated=config.rl.truncated,
+            truncated_penalty=config.rl.truncated_penalty,
+            format_reward=config.rl.format_reward,
+        ),
+        drop_zero_variance_groups=config.rl.drop_zero_variance_groups,
+        max_lag=config.rl.max_lag,
+        start_version=starting_version(config.run.resume_from),
+        ranks=config.trainer.num_processes,
     )
     context = zmq.Context()
     transport = config.transport
@@ -227,12 +341,25 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
     trainer = TrainerProgress(starting_version(config.run.resume_from), steps_ahead_allowed(config))
     barrier = RoundBarrier(batches_per_round(config))
     metrics = JsonlWriter(run_dir / "preprocessor.jsonl")
+    eval_records = JsonlWriter(run_dir / "eval.jsonl")
     try:
         while True:
             if trainer.read(notices):
                 return
             message = rollouts.recv(timeout_s=0.5)
-            if isinstance(message, Rollout):
+            if isinstance(message, Rollout) and message.split == "eval":
+                if evals is None:
+                    builder.rejected += 1
+                    logger.warning("eval rollout %s while eval.every is 0: rejected", message.rollout_id)
+                elif (record := evals.add(message)) is not None:
+                    eval_records.write(record)
+                    logger.info(
+                        "eval %s at v%d: pass@1 %.3f",
+                        record["set"],
+                        record["policy_version"],
+                        record["pass@1"],
+                    )
+            elif isinstance(message, Rollout):
                 for batch in barrier.add(builder.add(message)):
                     step = batch.batch_index // len(inboxes)  # the optimizer step it feeds
                     # Hold the batch (and so, upstream, the actors) until the trainer is close enough.
@@ -256,20 +383,26 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
                             "preprocessor/batches_built": builder.batches_made,
                             "preprocessor/rejected": builder.rejected,
                             "preprocessor/malformed": rollouts.malformed_count,
+                            **{f"scores/{label}": builder.labels[label] for label in LABELS},
+                            "samples/dropped_stale": builder.dropped["stale"],
+                            "samples/dropped_zero_variance": builder.dropped["zero_variance"],
                         }
                     )
             elif message is not None:
                 logger.warning("ignoring unexpected %s on the rollout socket", type(message).__name__)
     finally:
         logger.info(
-            "preprocessor: %d batches, %d rejected rollouts, %d malformed frames",
+            "preprocessor: %d batches, %d rejected rollouts, %d malformed frames, dropped %s, labels %s",
             builder.batches_made,
             builder.rejected,
             rollouts.malformed_count,
+            dict(builder.dropped),
+            dict(builder.labels),
         )
         for socket in (rollouts, notices, *inboxes):
             socket.close()
         metrics.close()
+        eval_records.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -68,4 +68,30 @@ def actor_metrics(record: Mapping[str, Any]) -> dict[str, float]:
 
 
 def preprocessor_metrics(record: Mapping[str, Any]) -> dict[str, float]:
-    return {"queue/rollouts": float(record["queue/rollouts"])}
+    """The rollout queue, the running counts of scored rollouts by label (``scores/correct``, ...) and of
+    samples dropped (``samples/dropped_stale``, ``samples/dropped_zero_variance``)."""
+    metrics = {"queue/rollouts": float(record["queue/rollouts"])}
+    metrics.update(
+        {
+            key: float(value)
+            for key, value in record.items()
+            if key.startswith(("scores/", "samples/dropped_"))
+        }
+    )
+    return metrics
+
+
+def eval_metrics(record: dict[str, Any]) -> dict[str, float]:
+    """Metrics of an in-run eval record (``workers/evaluation.py``): ``eval/<set>/pass_at_1``, pass_at_k,
+    mean reward and length, and the label counts. MLflow refuses ``@`` in a metric name, so the
+    record's ``pass@k`` is logged as ``pass_at_k``."""
+    prefix = f"eval/{record['set']}/"
+    metrics = {
+        prefix + "pass_at_1": float(record["pass@1"]),
+        prefix + "mean_reward": float(record["mean_reward"]),
+        prefix + "mean_length": float(record["mean_length"]),
+    }
+    if (k := record["samples"]) > 1:
+        metrics[prefix + f"pass_at_{k}"] = float(record[f"pass@{k}"])
+    metrics.update({prefix + label: float(count) for label, count in record["labels"].items()})
+    return metrics

@@ -31,7 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from pipelinerl.platform.config import PipelineConfig
-from pipelinerl.platform.tracking.metrics import actor_metrics, preprocessor_metrics, trainer_metrics
+from pipelinerl.platform.tracking.metrics import (
+    actor_metrics,
+    eval_metrics,
+    preprocessor_metrics,
+    trainer_metrics,
+)
 from pipelinerl.platform.tracking.mlflow_store import (
     MLFLOW_STATUS,
     CheckpointRecord,
@@ -186,6 +191,11 @@ class RunTracker:
         for record in records:
             self._queue.put(("preprocessor", record))
 
+    def eval_records(self, records: Sequence[dict[str, Any]]) -> None:
+        """In-run evaluations (``eval.jsonl``): ``eval/<set>/...`` at the version each measured."""
+        for record in records:
+            self._queue.put(("eval_round", record))
+
     def evaluated(self, policy_version: int, success: float, wall_s: float) -> None:
         self._queue.put(("eval", (policy_version, success, wall_s)))
 
@@ -265,6 +275,9 @@ class RunTracker:
             version, success, wall_s = payload
             self.seen.evals.append((wall_s, success))
             self._points.append(MetricPoint("eval/success", success, version, time.time()))
+        elif kind == "eval_round":
+            for key, value in eval_metrics(payload).items():
+                self._points.append(MetricPoint(key, value, int(payload["policy_version"]), payload["time"]))
         elif kind == "restart":
             restarts, version = payload
             self._points.append(MetricPoint("run/restarts", float(restarts), version, time.time()))

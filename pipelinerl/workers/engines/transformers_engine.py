@@ -63,7 +63,7 @@ class TransformersEngine:
         self,
         model: PreTrainedModel,
         *,
-        eos_token_id: int,
+        eos_token_id: int | Sequence[int],
         max_in_flight: int,
         max_new_tokens: int,
         max_prompt_tokens: int,
@@ -74,7 +74,10 @@ class TransformersEngine:
         policy_version: int = 0,
     ) -> None:
         self.model = model
-        self.eos_token_id = eos_token_id
+        # Every id that ends a sequence (a model may list several: Llama 3 instruct does).
+        self.eos_token_ids = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
+        if not self.eos_token_ids:
+            raise ValueError("eos_token_id: give at least one end-of-sequence id")
         self.max_in_flight = max_in_flight
         self.max_new_tokens = max_new_tokens
         self.policy_version = policy_version
@@ -93,8 +96,8 @@ class TransformersEngine:
             top_k=None,
             top_p=None,
             max_new_tokens=max_new_tokens,
-            eos_token_id=eos_token_id,
-            pad_token_id=eos_token_id,
+            eos_token_id=list(self.eos_token_ids),
+            pad_token_id=self.eos_token_ids[0],
         )
         cb_config = ContinuousBatchingConfig(
             page_size=kv_block_size,
@@ -157,7 +160,7 @@ class TransformersEngine:
             completion_token_ids=tokens,
             behaviour_logprobs=[float(value) for value in result.logprobs],
             token_versions=switches.versions(len(tokens)),
-            finished=bool(tokens) and tokens[-1] == self.eos_token_id,
+            finished=bool(tokens) and tokens[-1] in self.eos_token_ids,
         )
 
     def _failure(self) -> str:

@@ -101,7 +101,7 @@ class VLLMEngine:
         self,
         model_path: Path | str,
         *,
-        eos_token_id: int,
+        eos_token_id: int | Sequence[int],
         max_in_flight: int,
         max_new_tokens: int,
         max_prompt_tokens: int,
@@ -123,7 +123,10 @@ class VLLMEngine:
 
         if kv_cache_on_update not in ("keep", "recompute"):
             raise ValueError(f"kv_cache_on_update={kv_cache_on_update!r}: expected 'keep' or 'recompute'")
-        self.eos_token_id = eos_token_id
+        # Every id that ends a sequence (a model may list several: Llama 3 instruct does).
+        self.eos_token_ids = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
+        if not self.eos_token_ids:
+            raise ValueError("eos_token_id: give at least one end-of-sequence id")
         self.max_new_tokens = max_new_tokens
         self.policy_version = policy_version
         self.kv_cache_on_update: KvCacheOnUpdate = kv_cache_on_update
@@ -133,7 +136,7 @@ class VLLMEngine:
             top_p=1.0,
             top_k=0,
             max_tokens=max_new_tokens,
-            stop_token_ids=[eos_token_id],
+            stop_token_ids=list(self.eos_token_ids),
             logprobs=0,  # the sampled token's log-prob only
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
@@ -252,7 +255,7 @@ class VLLMEngine:
             completion_token_ids=tokens,
             behaviour_logprobs=logprobs,
             token_versions=token_versions(completion.weight_versions, len(tokens), request_id),
-            finished=bool(tokens) and tokens[-1] == self.eos_token_id,
+            finished=bool(tokens) and tokens[-1] in self.eos_token_ids,
         )
 
     def poll(self, timeout_s: float) -> list[CompletedSequence]:

@@ -57,7 +57,7 @@ def test_verifier_accepts_every_reference_completion(task: ArithmeticTask) -> No
     for problem in task.problems("train", 300, seed=0) + task.problems("eval", 300, seed=0):
         a, b = (int(operand) for operand in problem.prompt.strip().split("+"))
         assert problem.answer == str(a + b)
-        assert task.verify(problem, task.reference_completion(problem)) == 1.0
+        assert task.score(problem, task.reference_completion(problem)).reward == 1.0
 
 
 @pytest.mark.parametrize(
@@ -77,14 +77,14 @@ def test_verifier_accepts_every_reference_completion(task: ArithmeticTask) -> No
 )
 def test_verifier_rejects_wrong_or_garbled_answers(task: ArithmeticTask, completion: str) -> None:
     problem = Problem(problem_id="p", prompt="4821+397\n", answer="5218")
-    assert task.verify(problem, completion) == 0.0
+    assert task.score(problem, completion).reward == 0.0
 
 
 def test_verifier_reads_the_final_answer_only(task: ArithmeticTask) -> None:
     problem = Problem(problem_id="p", prompt="4821+397\n", answer="5218")
-    assert task.verify(problem, "garbage steps\nA:5218") == 1.0
-    assert task.verify(problem, "A:5218\n") == 1.0
-    assert task.verify(problem, "A:5218\nA:1") == 0.0
+    assert task.score(problem, "garbage steps\nA:5218").reward == 1.0
+    assert task.score(problem, "A:5218\n").reward == 1.0
+    assert task.score(problem, "A:5218\nA:1").reward == 0.0
 
 
 def test_completion_lengths_vary_with_the_number_of_digits(task: ArithmeticTask) -> None:

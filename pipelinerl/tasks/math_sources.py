@@ -1,0 +1,291 @@
+"""Where the math task's problems come from: local JSONL, Parquet and saved Hugging Face datasets,
+read into question / reference answer / worked solution records with train and eval splits.
+
+Layouts (``dataset``):
+
+* ``"shipped"``: ``pipelinerl/tasks/data/math.jsonl`` (``math_data.py`` writes it);
+* a ``.jsonl`` file (one JSON object a line) or a ``.parquet`` file (needs ``pyarrow``);
+* a directory holding ``train.jsonl`` (or ``.parquet``) and ``test.jsonl`` or ``validation.jsonl``:
+  those are the splits;
+* a directory written by ``datasets``' ``save_to_disk`` (needs ``datasets``): a ``DatasetDict``'s
+  ``train`` and ``test`` (else ``validation``) splits are the splits; a single ``Dataset``, or a
+  dict with one split, is one pool.
+
+A pool without splits of its own is split by a stable hash of the question (``eval_fraction`` of
+the questions go to eval), or by a field naming each record's split (``split_field``). A question
+in both splits is kept in eval only, so train and eval never share a problem.
+
+Reference answers (``answer_format``): ``plain`` (the field as it is; AIME's integers become
+text), ``gsm8k`` (the text after the last ``####``, thousands commas dropped), ``boxed`` (the last
+``\\boxed{}`` of the field, e.g. a MATH solution).
+
+Every problem in the source is read and checked when the task is built, so a missing file, an
+empty one, a record without the question or answer field, or a file type that is not supported
+stops a run before any process starts, with a message that names the file and the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pipelinerl.tasks.base import Split
+from pipelinerl.tasks.math_data import SHIPPED_PATH
+from pipelinerl.tasks.math_grading import last_boxed
+
+AnswerFormat = Literal["plain", "gsm8k", "boxed"]
+ANSWER_FORMATS: tuple[AnswerFormat, ...] = ("plain", "gsm8k", "boxed")
+
+FILE_SUFFIXES = (".jsonl", ".parquet")
+# Names a split field's values may take, and the split each means.
+SPLIT_NAMES: dict[str, Split] = {"train": "train", "test": "eval", "eval": "eval", "validation": "eval"}
+
+
+@dataclass(frozen=True)
+class FieldMap:
+    """Which fields of a source record hold what, and how the reference answer is written."""
+
+    question: str
+    answer: str
+    solution: str | None
+    answer_format: AnswerFormat
+    split: str | None = None
+
+
+@dataclass(frozen=True)
+class MathRecord:
+    """One problem of a source: the question, the reference answer, the worked solution if any."""
+
+    question: str
+    answer: str
+    solution: str | None
+
+
+@dataclass(frozen=True)
+class _Table:
+    """The rows of one file or split, and how to name one of them in an error."""
+
+    where: str
+    rows: list[dict[str, Any]]
+    line_numbers: list[int] | None = None  # JSONL rows: the line each came from
+
+    def locate(self, index: int) -> str:
+        if self.line_numbers is not None:
+            return f"{self.where} line {self.line_numbers[index]}"
+        return f"{self.where} record {index + 1}"
+
+
+def question_hash(question: str) -> str:
+    """A stable hex digest of a question: problem ids and the eval bucket come from it."""
+    return hashlib.blake2b(question.encode(), digest_size=8).hexdigest()
+
+
+def in_eval_bucket(question: str, eval_fraction: float) -> bool:
+    """Whether a question of a source without splits belongs to eval (stable across runs)."""
+    return int(question_hash(question), 16) / 2**64 < eval_fraction
+
+
+def load_splits(dataset: str, fields: FieldMap, eval_fraction: float) -> dict[Split, list[MathRecord]]:
+    """The train and eval records of ``dataset``, each question once; ValueError on bad input."""
+    tables = _read_tables(dataset)
+    split_of: dict[Split, list[MathRecord]] = {"train": [], "eval": []}
+    for name, table in tables.items():
+        for index, row in enumerate(table.rows):
+            record = _record(table, index, row, fields)
+            if name != "all":
+                split_of["train" if name == "train" else "eval"].append(record)
+            elif fields.split is not None:
+                split_of[_split_value(table, index, row, fields.split)].append(record)
+            else:
+                split_of["eval" if in_eval_bucket(record.question, eval_fraction) else "train"].append(record)
+    evaluation = _unique(split_of["eval"])
+    held_out = {record.question for record in evaluation}
+    return {
+        "train": _unique([r for r in split_of["train"] if r.question not in held_out]),
+        "eval": evaluation,
+    }
+
+
+def _unique(records: list[MathRecord]) -> list[MathRecord]:
+    seen: set[str] = set()
+    unique = []
+    for record in records:
+        if record.question not in seen:
+            seen.add(record.question)
+            unique.append(record)
+    return unique
+
+
+def _record(table: _Table, index: int, row: dict[str, Any], fields: FieldMap) -> MathRecord:
+    question = _text_field(table, index, row, fields.question, "question_field")
+    raw_answer = _text_field(table, index, row, fields.answer, "answer_field")
+    answer = reference_answer(raw_answer, fields.answer_format)
+    if answer is None:
+        expected = "'#### <answer>'" if fields.answer_format == "gsm8k" else "a \\boxed{...}"
+        raise ValueError(
+            f"{table.locate(index)}: answer_format={fields.answer_format!r} needs {expected} in field "
+            f"{fields.answer!r}, got {raw_answer[:200]!r}"
+        )
+    solution = row.get(fields.solution) if fields.solution is not None else None
+    if not isinstance(solution, str) or not solution.strip():
+        solution = None
+    return MathRecord(question=question.strip(), answer=answer, solution=solution)
+
+
+def reference_answer(text: str, answer_format: AnswerFormat) -> str | None:
+    """The reference answer written in ``text`` under ``answer_format``, or None if it has none."""
+    if answer_format == "gsm8k":
+        marker = text.rfind("####")
+        if marker < 0 or not text[marker + 4 :].strip():
+            return None
+        return text[marker + 4 :].strip().replace(",", "")
+    if answer_format == "boxed":
+        return last_boxed(text)
+    return text.strip() or None
+
+
+def _text_field(table: _Table, index: int, row: dict[str, Any], name: str, option: str) -> str:
+    if name not in row:
+        raise ValueError(
+            f"{table.locate(index)} has no field {name!r} ({option}); "
+            f"fields found: {', '.join(sorted(row)) or 'none'}"
+        )
+    value = row[name]
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(
+            f"{table.locate(index)}: field {name!r} ({option}) must be text or a number, got {value!r}"
+        )
+    return str(value)
+
+
+def _split_value(table: _Table, index: int, row: dict[str, Any], field: str) -> Split:
+    value = row.get(field)
+    if not isinstance(value, str) or value.lower() not in SPLIT_NAMES:
+        found = "missing" if field not in row else repr(value)
+        raise ValueError(
+            f"{table.locate(index)}: split_field {field!r} is {found}; valid values: {', '.join(SPLIT_NAMES)}"
+        )
+    return SPLIT_NAMES[value.lower()]
+
+
+def _read_tables(dataset: str) -> dict[str, _Table]:
+    """``{"all": ...}`` for a pool without splits, else ``{"train": ..., "eval": ...}``."""
+    path = SHIPPED_PATH if dataset == "shipped" else Path(dataset).expanduser()
+    if not path.exists():
+        raise ValueError(
+            f"dataset {dataset!r}: no such file or directory; give 'shipped', a .jsonl or .parquet file, "
+            "a directory with train.jsonl and test.jsonl, or a saved Hugging Face dataset directory"
+        )
+    if path.is_dir():
+        return _read_directory(path)
+    return {"all": _read_file(path)}
+
+
+def _read_file(path: Path) -> _Table:
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        table = _read_jsonl(path)
+    elif suffix == ".parquet":
+        table = _read_parquet(path)
+    else:
+        raise ValueError(
+            f"dataset {str(path)!r}: unsupported file type {path.suffix or '(none)'!r}; valid: "
+            f"{', '.join(FILE_SUFFIXES)}, a directory with train and test files, "
+            "or a saved Hugging Face dataset"
+        )
+    if not table.rows:
+        raise ValueError(f"dataset {str(path)!r} is empty: it holds no records")
+    return table
+
+
+def _read_jsonl(path: Path) -> _Table:
+    rows: list[dict[str, Any]] = []
+    line_numbers: list[int] = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path} line {number} is not JSON ({error.msg})") from error
+            if not isinstance(row, dict):
+                raise ValueError(f"{path} line {number} is not a JSON object, got {type(row).__name__}")
+            rows.append(row)
+            line_numbers.append(number)
+    return _Table(str(path), rows, line_numbers)
+
+
+def _read_parquet(path: Path) -> _Table:
+    try:
+        import pyarrow.parquet as parquet  # optional: only Parquet sources need it
+    except ImportError as error:
+        raise ValueError(
+            f"reading the Parquet file {path} needs the pyarrow package (pip install pyarrow)"
+        ) from error
+    try:
+        rows = parquet.read_table(path).to_pylist()
+    except (
+        Exception
+    ) as error:  # pyarrow's errors are of many types; all mean "not a Parquet file we can read"
+        raise ValueError(f"{path} is not a readable Parquet file ({error})") from error
+    return _Table(str(path), rows)
+
+
+def _read_directory(path: Path) -> dict[str, _Table]:
+    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        return _read_saved_dataset(path)
+    train = next(
+        (path / f"train{suffix}" for suffix in FILE_SUFFIXES if (path / f"train{suffix}").is_file()), None
+    )
+    evaluation = next(
+        (
+            path / f"{name}{suffix}"
+            for name in ("test", "validation")
+            for suffix in FILE_SUFFIXES
+            if (path / f"{name}{suffix}").is_file()
+        ),
+        None,
+    )
+    if train is None or evaluation is None:
+        raise ValueError(
+            f"dataset directory {str(path)!r} holds neither train.jsonl (or .parquet) with test.jsonl "
+            "or validation.jsonl (or .parquet), nor a saved Hugging Face dataset "
+            "(dataset_dict.json or state.json)"
+        )
+    return {"train": _read_file(train), "eval": _read_file(evaluation)}
+
+
+def _read_saved_dataset(path: Path) -> dict[str, _Table]:
+    try:
+        import datasets  # optional: only saved Hugging Face datasets need it
+    except ImportError as error:
+        raise ValueError(
+            f"reading the saved Hugging Face dataset {path} needs the datasets package (pip install datasets)"
+        ) from error
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as error:  # a corrupt or foreign directory: say which and why
+        raise ValueError(f"{path} is not a readable saved Hugging Face dataset ({error})") from error
+    if isinstance(loaded, datasets.DatasetDict):
+        names = list(loaded)
+        evaluation = next((name for name in ("test", "validation") if name in loaded), None)
+        if "train" in loaded and evaluation is not None:
+            chosen = {"train": "train", "eval": evaluation}
+        elif len(names) == 1:
+            chosen = {"all": names[0]}
+        else:
+            raise ValueError(
+                f"saved dataset {path} has splits {', '.join(names)}; "
+                "need 'train' with 'test' or 'validation', or a single split"
+            )
+        tables = {key: _Table(f"{path} split {name!r}", list(loaded[name])) for key, name in chosen.items()}
+    else:
+        tables = {"all": _Table(str(path), list(loaded))}
+    for table in tables.values():
+        if not table.rows:
+            raise ValueError(f"dataset {table.where} is empty: it holds no records")
+    return tables
