@@ -259,6 +259,10 @@ class Actor:
                 self.engine.receive_weights(*tensors)
                 self.staged.version = notice.policy_version
                 self.staged.in_engine = True
+            logger.info(
+                "weights v%d received into the engine's workers (loaded when the actor drains)",
+                notice.policy_version,
+            )
         else:
             with self.staged.lock:
                 self.staged.version = notice.policy_version

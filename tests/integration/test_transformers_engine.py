@@ -69,18 +69,32 @@ def test_in_flight_update_keeps_sequences_and_stamps_exact_versions(random_model
     new = load(build_random_model_dir(tmp_path / "other", seed=1))
     engine = make_engine(model)
     prompts = {f"r{i}": [1, 20 + i, 30, 40 + i] for i in range(6)}
+    class NotYet(Exception):
+        pass
+
     try:
         for request_id, prompt in prompts.items():
             engine.submit(request_id, prompt)
-        time.sleep(0.05)  # let a few decode steps happen under the old weights
 
         def load_new(target):
+            # Only in a pause where sequences are being written with tokens already (arranged, not
+            # timed): otherwise the pause ends unloaded and the next one is tried.
+            if sum(count >= 2 for count in engine.tokens_in_flight().values()) < 2:
+                raise NotYet
             for (_, param), (_, source) in zip(
                 target.named_parameters(), new.named_parameters(), strict=True
             ):
                 param.copy_(source)
 
-        pause_s = engine.update_weights(1, load_new)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                pause_s = engine.update_weights(1, load_new)
+                break
+            except NotYet:
+                assert time.monotonic() < deadline, "no pause found two sequences in flight with tokens"
+                assert engine.policy_version == 0, "a pause that loaded nothing changes no version"
+                time.sleep(0.002)
         done = []
         deadline = time.monotonic() + 60
         while len(done) < len(prompts) and time.monotonic() < deadline:
@@ -99,7 +113,7 @@ def test_in_flight_update_keeps_sequences_and_stamps_exact_versions(random_model
         switched += 0 < switch < len(versions)
         expected = recompute(old, new, seq.prompt_token_ids, seq.completion_token_ids, switch)
         assert seq.behaviour_logprobs == pytest.approx(expected, abs=1e-4), seq.request_id
-    assert switched > 0, "at least one sequence was written by both versions"
+    assert switched >= 2, f"the sequences in flight at the update were written by both versions ({switched})"
 
 
 def test_continuous_batching_refills_slots(random_model_dir):

@@ -187,6 +187,11 @@ class TransformersEngine:
             self.policy_version = new_version
         return time.perf_counter() - started
 
+    def tokens_in_flight(self) -> dict[str, int]:
+        """Tokens each request still being written has generated so far; call it from the ``load`` of
+        ``update_weights`` (inside the pause, where nothing moves)."""
+        return {request_id: count for request_id, count in self._tokens_so_far().items() if count is not None}
+
     def _tokens_so_far(self) -> dict[str, int | None]:
         """Per outstanding request: tokens generated before this pause, or None if it already finished."""
         processor = self._manager.batch_processor
