@@ -1,7 +1,7 @@
 """Alembic environment of the platform database (``pipelinerl.platform.tracking.db``).
 
-The URL comes from Alembic's ``sqlalchemy.url`` (set in code by ``pipelinerl.platform.tracking.db``), else from
-``$PIPELINERL_DATABASE_URL`` (for ``alembic -c alembic.ini upgrade head`` from the repository root).
+The URL comes from Alembic's ``sqlalchemy.url`` (set in code by ``pipelinerl.platform.tracking.db``),
+else from ``$PIPELINERL_DATABASE_URL`` (for ``alembic -c alembic.ini upgrade head`` from the repository root).
 SQLite alters tables in batch mode (copy and rename); on PostgreSQL a transaction-scoped advisory
 lock makes runs that start together on a fresh database migrate it once.
 """

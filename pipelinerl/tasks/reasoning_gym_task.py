@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import json
 import logging
 import math
 import pickle
@@ -163,29 +164,31 @@ def _create(generator: str, params: Mapping[str, Any], seed: int, size: int) -> 
 
 
 # The child's program: build the generator once, then answer (answer, entry) requests with
-# ("ok", score) or ("error", repr). Requests on stdin, replies on the original stdout; what the
-# library prints goes to stderr so it cannot corrupt the replies.
+# ["ok", score] or ["error", repr]. Requests (pickled: entries hold Fractions) come on stdin from the
+# parent; replies go back as JSON lines on the original stdout, never pickled: some scorers evaluate
+# Python written in the answer, so the child is not trusted, and unpickling its reply would let a
+# completion run code in the preprocessor. What the library prints goes to stderr.
 _VERIFIER_PROGRAM = """
-import os, pickle, sys
+import json, os, pickle, sys
 replies = os.fdopen(os.dup(1), "wb")
 os.dup2(2, 1)
 requests = sys.stdin.buffer
 import reasoning_gym
 generator, params = pickle.load(requests)
 dataset = reasoning_gym.create_dataset(generator, seed=0, size=1, **params)
-pickle.dump(("ok", "ready"), replies)
-replies.flush()
+def reply(status, value):
+    replies.write(json.dumps([status, value]).encode() + b"\\n")
+    replies.flush()
+reply("ok", "ready")
 while True:
     try:
         answer, entry = pickle.load(requests)
     except EOFError:
         break
     try:
-        reply = ("ok", float(dataset.score_answer(answer, entry)))
+        reply("ok", float(dataset.score_answer(answer, entry)))
     except Exception as error:
-        reply = ("error", repr(error))
-    pickle.dump(reply, replies)
-    replies.flush()
+        reply("error", repr(error))
 """
 
 
@@ -238,8 +241,13 @@ class _Verifier:
         readable, _, _ = select.select([process.stdout], [], [], timeout_s)
         if not readable:
             raise TimeoutError(f"no reply within {timeout_s:g} s")
-        status, value = pickle.load(process.stdout)  # EOFError if the child died
-        return status, value
+        line = process.stdout.readline()
+        if not line:
+            raise EOFError("the scoring process exited")
+        reply = json.loads(line)
+        if not (isinstance(reply, list) and len(reply) == 2 and reply[0] in ("ok", "error")):
+            raise RuntimeError(f"the scoring process replied {line[:200]!r}")
+        return reply[0], reply[1]
 
     def __getstate__(self) -> dict[str, Any]:  # a copied task starts its own child
         return {"generator": self.generator, "params": self.params}

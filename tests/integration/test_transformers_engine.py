@@ -69,6 +69,7 @@ def test_in_flight_update_keeps_sequences_and_stamps_exact_versions(random_model
     new = load(build_random_model_dir(tmp_path / "other", seed=1))
     engine = make_engine(model)
     prompts = {f"r{i}": [1, 20 + i, 30, 40 + i] for i in range(6)}
+
     class NotYet(Exception):
         pass
 
