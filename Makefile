@@ -22,7 +22,11 @@ $(STAMP): pyproject.toml constraints.txt
 run: $(STAMP)
 	$(VENV)/bin/pipelinerl run $(ARGS)
 
-test: $(STAMP)
+# Everything CI runs: the vLLM actor's environment (the vLLM engine tests drive it), a PostgreSQL
+# server when the machine has one and chromium for the dashboard's browser tests, then the suite.
+test: $(STAMP) vllm-env
+	bash scripts/postgres-up.sh
+	bash scripts/browser-up.sh
 	$(PYTHON) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -44,6 +44,34 @@ def _load(config_path: Path | None, overrides: list[str] | None):  # type: ignor
         raise typer.Exit(2) from None
 
 
+def _track_in_stack(config):  # type: ignore[no-untyped-def]
+    """With the local stack up (``pipelinerl up``) and no tracking store named, track in the stack's
+    MLflow server: its experiments keep their artifacts behind the server, where a run writing to the
+    same SQLite store directly could not put them. A stack whose MLflow server does not answer is an
+    error naming it, not minutes of retries."""
+    import os
+
+    from pipelinerl.flows.stack import mlflow_healthy, read_state, state_path
+    from pipelinerl.platform.config import with_overrides
+
+    if not config.tracking.enabled or config.tracking.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI"):
+        return config
+    home = config.run.home.expanduser()
+    state = read_state(home)
+    if state is None or not state.ready:
+        return config
+    if not mlflow_healthy(state.mlflow_url):
+        console.print(
+            f"[red]error:[/red] the local stack ({state_path(home)}) lists an MLflow server at "
+            f"{state.mlflow_url} that does not answer; start it again with `pipelinerl up`, stop it with "
+            "`pipelinerl down`, or name a store with --set tracking.mlflow_uri=...",
+            soft_wrap=True,
+        )
+        raise typer.Exit(2)
+    console.print(f"tracking in the local stack's MLflow server, {state.mlflow_url}", highlight=False)
+    return with_overrides(config, {"tracking.mlflow_uri": state.mlflow_url})
+
+
 def _log_to_console() -> None:
     """Library progress (the warm-start, warnings) goes through the same console as the live view."""
     import logging
@@ -59,7 +87,7 @@ def run(config: ConfigOption = None, set_: SetOption = None) -> None:
 
     They run on this machine, or with cluster.placement=pools as flow runs on the Prefect work pools
     (PREFECT_API_URL names the server)."""
-    resolved = _load(config, set_)
+    resolved = _track_in_stack(_load(config, set_))
     _log_to_console()
     from pipelinerl.launch.launcher import launch, local_placement
     from pipelinerl.launch.progress import ProgressView
@@ -128,7 +156,7 @@ def compare(
     """Run the same experiment once per mode, as child runs of one MLflow run, and compare them."""
     from pipelinerl.platform.config import ConfigError
 
-    resolved = _load(config, set_)
+    resolved = _track_in_stack(_load(config, set_))
     from pipelinerl.launch.compare import parse_modes, run_comparison
 
     try:
@@ -201,21 +229,31 @@ def up(
     mlflow_port: Annotated[
         int, typer.Option("--mlflow-port", min=1, max=65535, help="Port of the MLflow server and UI.")
     ] = 5000,
+    ui_port: Annotated[
+        int, typer.Option("--ui-port", min=0, max=65535, help="Port of the dashboard (0: no dashboard).")
+    ] = 8300,
 ) -> None:
-    """Start the platform in the background: Prefect server, MLflow server, workers, deployments."""
+    """Start the platform in the background: Prefect and MLflow servers, workers, deployments, the
+    dashboard."""
     from pipelinerl.flows.stack import StackError
     from pipelinerl.flows.stack import up as stack_up
 
     try:
         with console.status("starting the stack") as spinner:
             state = stack_up(
-                _home(home), prefect_port, mlflow_port, on_status=lambda text: spinner.update(text)
+                _home(home),
+                prefect_port,
+                mlflow_port,
+                ui_port=ui_port or None,
+                on_status=lambda text: spinner.update(text),
             )
     except StackError as error:
         console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
         raise typer.Exit(1) from None
     console.print(f"Prefect UI: {state.prefect_ui_url}", highlight=False)
     console.print(f"MLflow UI:  {state.mlflow_url}", highlight=False)
+    if state.dashboard_url:
+        console.print(f"dashboard:  {state.dashboard_url}", highlight=False)
     console.print(
         f"deployments: {', '.join(state.deployments) or '(none)'} on work pool {state.launch_pool!r}; "
         f"logs in {state.home / 'stack' / 'logs'}; stop with `pipelinerl down"
@@ -272,6 +310,53 @@ def deploy(
         console.print(
             f"[yellow]skipped[/yellow] {spec.full_name}: {spec.path} does not exist", highlight=False
         )
+
+
+@app.command()
+def ui(
+    port: Annotated[int, typer.Option("--port", "-p", min=1, max=65535, help="Port to serve on.")] = 8300,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="Address to serve on. The dashboard has no authentication: anything but 127.0.0.1 (e.g. "
+            "0.0.0.0 inside a container) publishes it to whoever reaches that address.",
+        ),
+    ] = "127.0.0.1",
+    url: Annotated[
+        str | None, typer.Option("--url", help="Platform database URL (default: from the configuration).")
+    ] = None,
+    mlflow_uri: Annotated[
+        str | None, typer.Option("--mlflow-uri", help="MLflow tracking URI (default: from the config).")
+    ] = None,
+    mlflow_ui_url: Annotated[
+        str | None, typer.Option("--mlflow-ui-url", help="MLflow UI for run links (default: :5000).")
+    ] = None,
+    prefect_ui_url: Annotated[
+        str | None, typer.Option("--prefect-ui-url", help="Prefect UI for flow-run links (default: :4200).")
+    ] = None,
+    config: ConfigOption = None,
+    set_: SetOption = None,
+) -> None:
+    """Serve the dashboard (runs, the live pipeline, comparisons, a JSON API) on 127.0.0.1; read-only."""
+    from pipelinerl.ui.app import DEFAULT_HOST, PortInUse, check_port, serve, settings_from_config
+
+    settings = settings_from_config(
+        _load(config, set_),
+        database_url=url,
+        mlflow_uri=mlflow_uri,
+        mlflow_ui_url=mlflow_ui_url,
+        prefect_ui_url=prefect_ui_url,
+    )
+    try:
+        check_port(host, port)
+    except PortInUse as error:
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
+    if host != DEFAULT_HOST:
+        console.print(f"[yellow]note:[/yellow] serving on {host}, without authentication", highlight=False)
+    console.print(f"dashboard: http://{host}:{port} (Ctrl-C stops it)", highlight=False)
+    serve(settings, host, port)
 
 
 if __name__ == "__main__":

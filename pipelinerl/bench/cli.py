@@ -70,6 +70,21 @@ def _progress() -> Iterator[Progress]:
         yield progress
 
 
+# The configs shipped beside the package (a source checkout), one per task: configs/<task>.toml.
+CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
+TASK_CONFIGS = {"arithmetic": "pipeline.toml", "math": "math.toml", "reasoning_gym": "reasoning_gym.toml"}
+
+
+def shipped_task_config(task: str) -> Path:
+    """The shipped config of ``task`` (``--task``); a clear error for an unknown task or a missing file."""
+    if task not in TASK_CONFIGS:
+        raise _fail(f"--task {task!r} has no shipped config; valid: {', '.join(TASK_CONFIGS)} (or --config)")
+    path = CONFIGS_DIR / TASK_CONFIGS[task]
+    if not path.is_file():
+        raise _fail(f"--task {task!r}: {path} is not there (a source checkout ships configs/); use --config")
+    return path
+
+
 def _fail(message: str) -> typer.Exit:
     console.print(f"[red]error:[/red] {message}", soft_wrap=True, highlight=False)
     return typer.Exit(2)
@@ -324,6 +339,14 @@ def learning(
     set_: Annotated[
         list[str] | None, typer.Option("--set", "-s", help="Override on the base config: section.key=value.")
     ] = None,
+    task: Annotated[
+        str | None,
+        typer.Option(
+            "--task",
+            help="A shipped task's config as the base, instead of --config: arithmetic, math or "
+            "reasoning_gym (configs/<task>.toml).",
+        ),
+    ] = None,
     gs: Annotated[
         str, typer.Option("--gs", help="Conventional baselines' G values, comma-separated.")
     ] = "1,4,8",
@@ -353,8 +376,19 @@ def learning(
     ] = False,
     quick: QuickOption = False,
     out: OutOption = None,
+    from_record: Annotated[
+        Path | None,
+        typer.Option(
+            "--from-record",
+            help="Run nothing: summarise the runs of this learning.json again (e.g. with another "
+            "--target-gain) from their measured success curves.",
+        ),
+    ] = None,
 ) -> None:
     """PipelineRL against conventional RL (G = 1, 4, 8) and async: time to a held-out success target."""
+    if from_record is not None:
+        _learning_from_record(from_record, target_gain, out)
+        return
     from pipelinerl.bench.learning import run_learning_bench, variants
     from pipelinerl.bench.report import default_path, load_average, target_check
     from pipelinerl.platform.config import ConfigError, load_config, with_overrides
@@ -368,6 +402,10 @@ def learning(
         raise _fail(f"--gs needs values >= 1 and --seeds values >= 0 (got {gs!r}, {seeds!r})")
     if quick:
         steps, eval_every, eval_problems, g_values = 4, 2, 16, [2]
+    if task is not None:
+        if config_path is not None:
+            raise _fail("give --task or --config, not both")
+        config_path = shipped_task_config(task)
     try:
         base = load_config(config_path, list(set_ or []))
         base = with_overrides(base, {"run.max_steps": steps, "task.eval_problems": eval_problems})
@@ -427,6 +465,53 @@ def learning(
     console.print(f"overlay figure: {figure}", markup=False, highlight=False)
     if paper := report["details"].get("paper_figure"):
         console.print(f"the paper's figures: {paper}", markup=False, highlight=False)
+
+
+def _learning_from_record(path: Path, target_gain: float, out: Path | None) -> None:
+    import json
+
+    from pipelinerl.bench.learning import (
+        TABLE_HEADERS,
+        results_from_record,
+        retarget,
+        save_overlay,
+        summarize_bench,
+        table_rows,
+    )
+    from pipelinerl.bench.report import load_average, markdown_table, target_check
+
+    if not path.is_file():
+        raise _fail(f"--from-record {str(path)!r} is not a file (a learning.json written by bench learning)")
+    try:
+        record = json.loads(path.read_text())
+        results = retarget(results_from_record(record), target_gain)
+        labels = [row["variant"] for row in record["variants"]]
+    except (ValueError, KeyError, TypeError) as error:
+        raise _fail(f"{path} is not a bench learning record ({error})") from None
+    load_before, started_at = load_average(), datetime.now(UTC)
+    report = summarize_bench(results, target_gain, labels)
+    report["notes"].append(f"summarised again from the runs of {path} (run {record.get('timestamp')})")
+    headline = report["headline"]
+    targets = {}
+    for label in labels:
+        if label.startswith("conventional_g") and f"speedup_vs_{label}" in headline:
+            targets[f"speedup_vs_{label}"] = target_check(headline[f"speedup_vs_{label}"], at_least=2.0)
+    baselines = [label for label in labels if label.startswith("conventional_g")]
+    if baselines and (baseline_ess := headline.get(f"ess_mean_{baselines[0]}")) is not None:
+        targets["ess_mean_pipeline"] = target_check(headline.get("ess_mean_pipeline"), at_least=baseline_ess)
+    record_path = out or path
+    _finish(
+        "learning",
+        report,
+        targets=targets,
+        settings={**record.get("settings", {}), "target_gain": target_gain, "from_record": str(path)},
+        out=record_path,
+        load_before=load_before,
+        started_at=started_at,
+        render=lambda written: markdown_table(TABLE_HEADERS, table_rows(written)),
+    )
+    figure = save_overlay(json.loads(record_path.read_text()), record_path.with_suffix(".png"))
+    console.print(f"overlay figure: {figure}", markup=False, highlight=False)
 
 
 @bench_app.command()

@@ -26,6 +26,7 @@ Pure logic (``success_curve``, ``time_to_target``, ``speedups``) is separate fro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -131,6 +132,8 @@ class VariantResult:
     lag_early: float | None = None  # mean lag over the first quarter of token positions
     lag_late: float | None = None  # ... and over the last quarter
     multi_version_fraction: float = 0.0  # sequences written by two or more policy versions
+    # Completion lengths in tokens over the run's steps: mean, median of the steps' p50 and p90, max.
+    completion_lengths: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -160,10 +163,18 @@ def evaluate_checkpoints(config: PipelineConfig, run_dir: Path) -> dict[int, flo
 
 
 def variant_result(
-    label: str, seed: int, config: PipelineConfig, result: Any, target: float, evaluated: dict[int, float]
+    label: str,
+    seed: int,
+    config: PipelineConfig,
+    result: Any,
+    target_gain: float,
+    evaluated: dict[int, float],
 ) -> VariantResult:
+    """The run's row; its target is its own start (the seed's warm start on the seed's held-out split,
+    the same for every variant of that seed) plus ``target_gain``."""
     records, summary = result.records, result.summary
     points = success_curve(summary["eval_success_start"], evaluated, records)
+    target = points[0][2] + target_gain
     wall_s = float(summary["wall_s"]) or 1e-9
     lag_p90 = max((float(r["lag/p90"]) for r in records), default=0.0)
     claims = claim_numbers(records)
@@ -187,7 +198,22 @@ def variant_result(
         lag_early=claims["lag_early"],
         lag_late=claims["lag_late"],
         multi_version_fraction=claims["multi_version_fraction"],
+        completion_lengths=completion_lengths(records),
     )
+
+
+def completion_lengths(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The run's completion-length distribution from its per-step records (empty for records written
+    before the trainer logged percentiles): mean, the median over steps of each step's p50 and p90, max."""
+    steps = [r for r in records if "completion_len_p90" in r]
+    if not steps:
+        return {}
+    return {
+        "mean": statistics.fmean(float(r["completion_len_mean"]) for r in steps),
+        "p50": statistics.median(float(r["completion_len_p50"]) for r in steps),
+        "p90": statistics.median(float(r["completion_len_p90"]) for r in steps),
+        "max": float(max(int(r["completion_len_max"]) for r in steps)),
+    }
 
 
 def claim_numbers(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -221,7 +247,7 @@ def run_learning_bench(
 ) -> dict[str, Any]:
     """Run every variant for every seed, evaluate their checkpoints, and compare them; the paper's
     figure set goes to ``paper_figure`` (PNG) when given."""
-    from pipelinerl.launch.launcher import held_out_success, launch, resolve_model
+    from pipelinerl.launch.launcher import launch, resolve_model
 
     status = on_status or (lambda text: None)
     actor_cpus, trainer_cpus = split_cores(os.sched_getaffinity(0)) if pin else ([], [])
@@ -232,12 +258,9 @@ def run_learning_bench(
     }
     base = with_overrides(base, common)
     bench_id = f"{datetime.now():%Y%m%d-%H%M%S}-bench-learning-{uuid.uuid4().hex[:6]}"
-    model_path = resolve_model(base)
+    resolve_model(base)  # the first seed's warm start, trained (once) before any run is timed
     tags = {"variants": ",".join(v.label for v in chosen)}
     with parent_run(base, bench_id, "bench-learning", tags) as parent:
-        status("measuring the warm-start's held-out success (sets the target)")
-        start_success = held_out_success(base, model_path)
-        target = start_success + target_gain
         results: list[VariantResult] = []
         first_seed_records: dict[str, list[dict[str, Any]]] = {}
         for seed in seeds:
@@ -253,10 +276,10 @@ def run_learning_bench(
                 )
                 status(f"[{variant.label}] evaluating its checkpoints on the held-out split")
                 evaluated = evaluate_checkpoints(config, run.run_dir)
-                results.append(variant_result(variant.label, seed, config, run, target, evaluated))
+                results.append(variant_result(variant.label, seed, config, run, target_gain, evaluated))
                 if seed == seeds[0]:
                     first_seed_records[variant.label] = run.records
-        report = summarize_bench(results, start_success, target, [v.label for v in chosen])
+        report = summarize_bench(results, target_gain, [v.label for v in chosen])
         report["details"]["settings"] = {
             "actor_cpus": actor_cpus,
             "trainer_cpus": trainer_cpus,
@@ -276,7 +299,10 @@ def run_learning_bench(
         if parent is not None:
             from pipelinerl.platform.tracking.figures import learning_overlay, paper_figures
 
-            parent.log_figure(learning_overlay(curves_by_label(results), target), "figures/learning.png")
+            parent.log_figure(
+                learning_overlay(curves_by_label(results), report["headline"]["target_success"]),
+                "figures/learning.png",
+            )
             if paper:
                 parent.log_figure(paper_figures(paper), "figures/paper.png")
             parent.log_table(report, "learning.json", _numeric(report["headline"]))
@@ -387,28 +413,48 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 
 def summarize_bench(
-    results: Sequence[VariantResult], start_success: float, target: float, labels: Sequence[str]
+    results: Sequence[VariantResult], target_gain: float, labels: Sequence[str]
 ) -> dict[str, Any]:
-    """Headline numbers (medians over seeds) and the per-variant table; pure."""
+    """Headline numbers and the per-variant table; pure.
+
+    Each seed has its own warm start and held-out split, so its own start and target (start plus
+    ``target_gain``). A speed-up is the median over seeds of that seed's time ratio (baseline time to
+    target over PipelineRL's), given with every seed's ratio; undefined (None) when a seed's run did
+    not reach its target, rather than a median of the lucky seeds.
+    """
     by_label = {label: [r for r in results if r.label == label] for label in labels}
     times = {label: _median([r.time_to_target_s for r in rs]) for label, rs in by_label.items()}
-    ratios = speedups(times)
+    starts = {r.seed: r.points[0][2] for r in results if r.points}
+    by_seed = {
+        seed: speedups({r.label: r.time_to_target_s for r in results if r.seed == seed})
+        for seed in {r.seed for r in results}
+    }
+    per_seed = {
+        label: [by_seed[r.seed].get(label) for r in rs]
+        for label, rs in by_label.items()
+        if label != "pipeline"
+    }
     headline: dict[str, Any] = {
-        "target_success": target,
-        "start_success": start_success,
-        **{f"speedup_vs_{label}": ratio for label, ratio in ratios.items()},
+        "target_gain": target_gain,
+        "start_success_by_seed": {str(seed): start for seed, start in sorted(starts.items())},
+        "target_success_by_seed": {str(seed): start + target_gain for seed, start in sorted(starts.items())},
+        # The overlay's target line: the first seed's.
+        "target_success": next(iter(sorted(starts.items())), (0, 0.0))[1] + target_gain,
+        **{f"speedup_vs_{label}": _median(ratios) for label, ratios in per_seed.items()},
+        **{f"speedup_vs_{label}_per_seed": ratios for label, ratios in per_seed.items()},
         **{f"ess_mean_{label}": statistics.fmean(r.ess_mean for r in rs) for label, rs in by_label.items()},
         **{f"time_to_target_s_{label}": t for label, t in times.items()},
     }
+    ratios = {label: headline[f"speedup_vs_{label}"] for label in per_seed}
     rows = []
     for label, rs in by_label.items():
-        per_seed = [r.time_to_target_s for r in rs]
         rows.append(
             {
                 "variant": label,
                 "time_to_target_s": times[label],
-                "time_to_target_s_per_seed": per_seed,
+                "time_to_target_s_per_seed": [r.time_to_target_s for r in rs],
                 "speedup": ratios.get(label) if label != "pipeline" else 1.0,
+                "speedup_per_seed": per_seed.get(label),
                 "eval_success_end": statistics.fmean(r.eval_success_end for r in rs),
                 "ess_mean": statistics.fmean(r.ess_mean for r in rs),
                 "ess_min": min(r.ess_min for r in rs),
@@ -423,6 +469,7 @@ def summarize_bench(
                 "lag_early": _mean_or_none([r.lag_early for r in rs]),
                 "lag_late": _mean_or_none([r.lag_late for r in rs]),
                 "multi_version_fraction": statistics.fmean(r.multi_version_fraction for r in rs),
+                "completion_lengths": rs[0].completion_lengths if len(rs) == 1 else _merged_lengths(rs),
             }
         )
     return {
@@ -430,6 +477,35 @@ def summarize_bench(
         "details": {"variants": rows, "runs": [asdict(r) for r in results]},
         "notes": [],
     }
+
+
+def results_from_record(record: dict[str, Any]) -> list[VariantResult]:
+    """The runs of a ``learning.json`` record as results again (``bench learning --from-record``
+    summarises measured runs anew, e.g. with another target gain, without running them again)."""
+    fields = {f.name for f in dataclasses.fields(VariantResult)}
+    results = []
+    for run in record["runs"]:
+        result = VariantResult(**{key: value for key, value in run.items() if key in fields})
+        result.points = [tuple(point) for point in result.points]  # type: ignore[misc]
+        results.append(result)
+    return results
+
+
+def retarget(results: Sequence[VariantResult], target_gain: float) -> list[VariantResult]:
+    """``results`` with each run's time to its seed's start plus ``target_gain``."""
+    return [
+        dataclasses.replace(r, time_to_target_s=time_to_target(r.points, r.points[0][2] + target_gain))
+        for r in results
+    ]
+
+
+def _merged_lengths(results: Sequence[VariantResult]) -> dict[str, float]:
+    """Seeds' completion-length summaries together: mean and percentiles averaged, the largest max."""
+    present = [r.completion_lengths for r in results if r.completion_lengths]
+    if not present:
+        return {}
+    merged = {key: statistics.fmean(lengths[key] for lengths in present) for key in ("mean", "p50", "p90")}
+    return {**merged, "max": max(lengths["max"] for lengths in present)}
 
 
 def _mean_or_none(values: Sequence[float | None]) -> float | None:
@@ -453,6 +529,7 @@ TABLE_HEADERS = (
     "tokens/s",
     "lag, first / last quarter of positions",
     "sequences with 2+ versions",
+    "completion tokens mean / p50 / p90 / max",
 )
 
 
@@ -474,9 +551,16 @@ def table_rows(record: dict[str, Any]) -> list[list[Any]]:
             row["tokens_per_s"],
             _pair(row.get("lag_early"), row.get("lag_late")),
             row.get("multi_version_fraction"),
+            _lengths(row.get("completion_lengths") or {}),
         ]
         for row in record["variants"]
     ]
+
+
+def _lengths(lengths: dict[str, float]) -> str:
+    if not lengths:
+        return "—"
+    return " / ".join(f"{lengths[key]:.0f}" for key in ("mean", "p50", "p90", "max"))
 
 
 def _pair(first: float | None, second: float | None) -> str:

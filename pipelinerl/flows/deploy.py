@@ -36,6 +36,9 @@ logger = logging.getLogger("pipelinerl.deploy")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT_NAME = "default"
 LAUNCH_POOL = "local"
+# Work pool types the deployments may use: process (created when missing), or Docker and Kubernetes
+# pools an administrator made with the job templates in flows/job_templates (docs/cluster.md).
+POOL_TYPES = ("process", "docker", "kubernetes")
 STAGE_POOLS = ("actors", "trainers")
 DEFAULT_SWEEP_CRON = "0 3 * * *"  # 03:00 UTC every night, once enabled
 SWEEP_SCHEDULE_SLUG = "nightly-sweep"
@@ -184,8 +187,13 @@ async def _ensure_work_pools(client: Any, names: list[str]) -> None:
             except ObjectAlreadyExists:  # a worker created it meanwhile
                 pass
             continue
+        if pool.type not in POOL_TYPES:
+            raise DeployError(
+                f"work pool {name!r} exists with type {pool.type!r}; the platform's flows run on "
+                f"{', '.join(POOL_TYPES)} pools (docs/cluster.md: job templates in flows/job_templates)"
+            )
         if pool.type != "process":
-            raise DeployError(f"work pool {name!r} exists with type {pool.type!r}; expected 'process'")
+            logger.info("work pool %s is a %s pool: its job template decides image and GPUs", name, pool.type)
 
 
 async def _deploy(

@@ -19,6 +19,7 @@ A crashed stage fails the flow run with that stage's log tail (``StageFailed``).
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +34,30 @@ from pipelinerl.platform.config import PipelineConfig
 PROGRESS_EVERY = 10  # policy versions between two progress artifacts
 LOG_POLL_S = 1.0
 ARTIFACT_KEY = "rl-run-progress"
+
+
+class PlatformLogs(logging.Handler):
+    """While the flow runs, the platform's own log records (the warm-start's progress, tracking
+    warnings) go to the flow run's logger too: Prefect shows only its own loggers' records."""
+
+    def __init__(self, target: Any, source: str = "pipelinerl") -> None:
+        super().__init__(level=logging.INFO)
+        self.target = target
+        self.source = logging.getLogger(source)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.target.log(record.levelno, "%s", record.getMessage())
+
+    def __enter__(self) -> PlatformLogs:
+        self.source.addHandler(self)
+        self._level = self.source.level
+        if self.source.getEffectiveLevel() > logging.INFO:
+            self.source.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.source.removeHandler(self)
+        self.source.setLevel(self._level)
 
 
 class StageLogForwarder:
@@ -79,13 +104,16 @@ class StageLogForwarder:
 def progress_rows(
     records: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]] = ()
 ) -> list[dict[str, Any]]:
-    """The progress table: one row per policy version, with the latest in-run eval at that version."""
+    """The progress table: one row per policy version, with the latest in-run eval of each set at that
+    version (named by set when there are several)."""
     rows = []
-    latest: dict[str, Any] | None = None
+    latest: dict[str, dict[str, Any]] = {}
+    named = len({e.get("set") for e in evals}) > 1
     pending = sorted(evals, key=lambda e: e["policy_version"])
     for r in records:
         while pending and pending[0]["policy_version"] <= r["policy_version"]:
-            latest = pending.pop(0)
+            record = pending.pop(0)
+            latest[record.get("set", "")] = record
         rows.append(
             {
                 "version": r["policy_version"],
@@ -95,7 +123,10 @@ def progress_rows(
                 "lag max": r["lag/max"],
                 "samples": r["samples/trained"],
                 "wall s": round(r["wall_s"], 1),
-                "eval pass@1": f"{latest['pass@1']:.3f} (v{latest['policy_version']})" if latest else "",
+                "eval pass@1": " ".join(
+                    f"{name + ' ' if named else ''}{e['pass@1']:.3f} (v{e['policy_version']})"
+                    for name, e in latest.items()
+                ),
             }
         )
     return rows
@@ -128,22 +159,55 @@ class ProgressArtifacts:
         )
 
 
-def mlflow_link_markdown(config: PipelineConfig, run_dir: Path) -> str:
-    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
+def mlflow_link_markdown(config: PipelineConfig, run_dir: Path, experiment_id: str | None = None) -> str:
+    """The run's MLflow artifact: its run id and store and, on a server, a link to the run's training
+    view (``experiment_id``: read from the store when not given)."""
+    from pipelinerl.platform.tracking.mlflow_store import mlflow_run_url, mlflow_uri
 
     uri = mlflow_uri(config)
     run_id_file = run_dir / "mlflow_run_id"
-    mlflow_run_id = run_id_file.read_text() if run_id_file.exists() else "(not tracked)"
-    lines = [f"# Run `{run_dir.name}`", "", f"* MLflow run: `{mlflow_run_id}` in `{uri}`"]
-    if uri.startswith(("http://", "https://")):
-        lines.append(f"* Open: {uri.rstrip('/')}/#/runs/{mlflow_run_id}")
+    mlflow_run_id = run_id_file.read_text() if run_id_file.exists() else None
+    lines = [f"# Run `{run_dir.name}`", "", f"* MLflow run: `{mlflow_run_id or '(not tracked)'}` in `{uri}`"]
+    if mlflow_run_id and uri.startswith(("http://", "https://")):
+        experiment_id = experiment_id or _experiment_of(uri, mlflow_run_id)
+        if experiment_id is not None:
+            lines.append(f"* Open: {mlflow_run_url(uri, experiment_id, mlflow_run_id)}")
     lines.append(f"* Run directory: `{run_dir}`")
     return "\n".join(lines)
 
 
+class MlflowLinkArtifact:
+    """The run's MLflow link as a Prefect artifact, created once the run's MLflow run exists."""
+
+    def __init__(self, config: PipelineConfig, run_dir: Path) -> None:
+        self.config, self.run_dir = config, run_dir
+        self.published = False
+
+    def publish_once(self) -> None:
+        if self.published or not (self.run_dir / "mlflow_run_id").is_file():
+            return
+        self.published = True
+        create_markdown_artifact(
+            key="rl-run-mlflow", markdown=mlflow_link_markdown(self.config, self.run_dir)
+        )
+
+
+def _experiment_of(uri: str, mlflow_run_id: str) -> str | None:
+    from mlflow.tracking import MlflowClient
+
+    try:
+        return str(MlflowClient(tracking_uri=uri).get_run(mlflow_run_id).info.experiment_id)
+    except Exception:  # the link is a convenience: an unreachable server leaves it out
+        return None
+
+
 @flow(name="rl-run", log_prints=True)
 def rl_run(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008 (the form's default)
-    """Run PipelineRL (or a baseline, by `run.mode`) on this machine and return its summary."""
+    """Run PipelineRL (or a baseline, by `run.mode`) on this machine and return its summary.
+
+    Args:
+        config: The experiment, every section of the TOML config (`pipelinerl config show` prints it).
+    """
     from pipelinerl.flows.placement import placement_for
     from pipelinerl.launch.launcher import launch, new_run_id
 
@@ -151,20 +215,31 @@ def rl_run(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa
     run_id = new_run_id(config.run.mode)
     run_dir = (config.run.output_dir / run_id).resolve()
     progress = ProgressArtifacts()
+    link = MlflowLinkArtifact(config, run_dir)
+
+    def on_status(text: str) -> None:
+        logger.info("%s", text)
+        link.publish_once()  # as soon as the MLflow run exists, not only after a run that finished
+
     # Placed on the pools, each role's flow run streams its own stages' logs.
     forward_logs = config.cluster.placement == "local"
-    with StageLogForwarder(run_dir / "logs", logger) if forward_logs else contextlib.nullcontext():
-        result = launch(
-            config,
-            run_id=run_id,
-            on_records=progress.add,
-            on_eval=progress.add_evals,
-            on_status=lambda text: logger.info("%s", text),
-            prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
-            placement=placement_for(config, lambda text: logger.info("%s", text)),
-        )
+    try:
+        with (
+            PlatformLogs(logger),
+            StageLogForwarder(run_dir / "logs", logger) if forward_logs else contextlib.nullcontext(),
+        ):
+            result = launch(
+                config,
+                run_id=run_id,
+                on_records=progress.add,
+                on_eval=progress.add_evals,
+                on_status=on_status,
+                prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
+                placement=placement_for(config, lambda text: logger.info("%s", text)),
+            )
+    finally:
+        link.publish_once()  # a failed or cancelled run keeps its link too
     progress.publish()
-    create_markdown_artifact(key="rl-run-mlflow", markdown=mlflow_link_markdown(config, result.run_dir))
     summary = result.summary
     logger.info(
         "held-out success %.1f%% -> %.1f%%, ESS %.3f, lag mean %.2f max %d",

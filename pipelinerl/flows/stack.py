@@ -43,12 +43,13 @@ from pipelinerl.flows.deploy import LAUNCH_POOL, REPO_ROOT, STAGE_POOLS
 HOST = "127.0.0.1"
 DEFAULT_PREFECT_PORT = 4200
 DEFAULT_MLFLOW_PORT = 5000
+DEFAULT_UI_PORT = 8300
 STARTUP_TIMEOUT_S = 180.0  # per service; a loaded 2-core machine needs far more than the usual 10 s
 DEPLOY_TIMEOUT_S = 300.0
 STOP_GRACE_S = 20.0
 LOG_TAIL_LINES = 30
 
-Role = Literal["prefect-server", "mlflow-server", "worker"]
+Role = Literal["prefect-server", "mlflow-server", "worker", "dashboard"]
 
 
 class StackError(RuntimeError):
@@ -79,6 +80,7 @@ class StackState(BaseModel):
     work_pools: list[str]
     deployments: dict[str, str] = Field(default_factory=dict)
     processes: list[StackProcess] = Field(default_factory=list)
+    dashboard_url: str | None = Field(None, description="The dashboard (`pipelinerl ui`), if started.")
     started_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     ready: bool = Field(False, description="False while `up` is still starting it.")
 
@@ -164,6 +166,24 @@ def worker_command(pool: str) -> list[str]:
     ]
 
 
+def dashboard_command(home: Path, port: int, mlflow_ui: str, prefect_ui: str) -> list[str]:
+    """`pipelinerl ui` on the stack's stores (its environment names them, as for the workers)."""
+    return [
+        sys.executable,
+        "-m",
+        "pipelinerl.cli",
+        "ui",
+        "--port",
+        str(port),
+        "--mlflow-ui-url",
+        mlflow_ui,
+        "--prefect-ui-url",
+        prefect_ui,
+        "--set",
+        f"run.home={home}",
+    ]
+
+
 def deploy_command(api_url: str, pool: str) -> list[str]:
     return [sys.executable, "-m", "pipelinerl.flows.deploy", "--api-url", api_url, "--work-pool", pool]
 
@@ -183,7 +203,7 @@ def stack_env(
     if role == "mlflow-server":
         env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
         env.pop("MLFLOW_TRACKING_URI", None)
-    elif role == "worker":
+    elif role in ("worker", "dashboard"):
         env["MLFLOW_TRACKING_URI"] = mlflow_url(mlflow_port)
         env.setdefault("PIPELINERL_DATABASE_URL", f"sqlite:///{home / 'platform.db'}")
     return env
@@ -429,6 +449,7 @@ def up(
     *,
     launch_pool: str = LAUNCH_POOL,
     mlflow_store_uri: str | None = None,
+    ui_port: int | None = DEFAULT_UI_PORT,
     timeout_s: float = STARTUP_TIMEOUT_S,
     on_status: Callable[[str], None] | None = None,
 ) -> StackState:
@@ -449,6 +470,10 @@ def up(
         raise StackError(f"the Prefect and MLflow servers cannot share port {prefect_port}")
     check_port_free(prefect_port, "Prefect server", "--prefect-port")
     check_port_free(mlflow_port, "MLflow server", "--mlflow-port")
+    if ui_port is not None:
+        if ui_port in (prefect_port, mlflow_port):
+            raise StackError(f"the dashboard cannot share port {ui_port} with the Prefect or MLflow server")
+        check_port_free(ui_port, "dashboard", "--ui-port")
 
     store_uri = mlflow_store_uri or default_store_uri(home)
     state = new_state(home, prefect_port, mlflow_port, store_uri, launch_pool)
@@ -523,8 +548,24 @@ def up(
             )
             for pool in state.work_pools
         ]
-        status("waiting for the MLflow server and the workers")
+        dashboard = None
+        if ui_port is not None:
+            status("starting the dashboard")
+            state.dashboard_url = f"http://{HOST}:{ui_port}"
+            dashboard = started(
+                start_process(
+                    "dashboard",
+                    "dashboard",
+                    dashboard_command(home, ui_port, state.mlflow_url, state.prefect_ui_url),
+                    env("dashboard"),
+                    logs / "dashboard.log",
+                    "SIGTERM",
+                )
+            )
+        status("waiting for the MLflow server, the workers and the dashboard")
         checks = {"the MLflow server": (lambda: mlflow_healthy(state.mlflow_url), mlflow)}
+        if dashboard is not None:
+            checks["the dashboard"] = (lambda: _http_ok(f"{state.dashboard_url}/api/health"), dashboard)
         for pool, proc in zip(state.work_pools, workers, strict=True):
             checks[f"the worker of pool {pool!r}"] = (
                 lambda pool=pool: worker_online(state.prefect_api_url, pool, worker_name(pool)),

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
+from pydantic import Field
 
 from pipelinerl.platform.config import PipelineConfig
 
@@ -16,9 +17,18 @@ def sweep(
     config: PipelineConfig = PipelineConfig(),  # noqa: B008 (the form's default)
     grid: dict[str, list[Any]] | None = None,
     points: list[dict[str, Any]] | None = None,
-    max_concurrency: int = 1,
+    max_concurrency: Annotated[int, Field(ge=1, le=16)] = 1,
 ) -> list[dict[str, Any]]:
-    """Each combination of ``grid`` (``{"rl.batch_size": [16, 32]}``), or each of ``points``, is a run."""
+    """Each combination of ``grid``, or each of ``points``, is a run: child runs of one parent run.
+
+    Args:
+        config: The experiment every point starts from.
+        grid: Values per setting, every combination a run, e.g. {"rl.batch_size": [16, 32],
+            "run.mode": ["pipeline", "conventional"]}. Give this or points, not both.
+        points: The runs as a list of overrides, e.g. [{"rl.batch_size": 16},
+            {"trainer.learning_rate": 0.0001}]. Give this or grid, not both.
+        max_concurrency: Points that run at once (each gets its own block of ports).
+    """
     from pipelinerl.launch.sweep import expand_grid, run_sweep
     from pipelinerl.platform.config import ConfigError
 

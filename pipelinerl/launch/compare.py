@@ -44,11 +44,8 @@ def parse_modes(text: str) -> list[str]:
 
 
 def label_of(config: PipelineConfig) -> str:
-    if config.run.mode == "conventional":
-        return f"conventional-G{config.run.steps_per_round}"
-    if config.run.mode == "async":
-        return f"async-lag{config.run.max_lag}"
-    return config.run.mode
+    """The comparison's name for a run (``PipelineConfig.mode_label``)."""
+    return config.mode_label()
 
 
 def mode_config(config: PipelineConfig, mode: str) -> PipelineConfig:
@@ -96,6 +93,17 @@ def run_comparison(
         return ComparisonResult(comparison_id, goal, rows, results, parent.mlflow_run_id if parent else None)
 
 
+# Per-mode numbers logged on the comparison's parent run as metrics named <label>/<key>.
+PARENT_METRICS = (
+    "time_to_target_s",
+    "time_vs_reference",
+    "ess_mean",
+    "lag_mean",
+    "lag_max",
+    "eval_success_end",
+)
+
+
 def log_comparison(
     parent: Any, results: dict[str, RunResult], target: float, rows: list[ModeRow], window: int
 ) -> None:
@@ -108,7 +116,7 @@ def log_comparison(
     parent.log_figure(figure, "figures/comparison.png")
     metrics: dict[str, float] = {"compare/target_reward": target}
     for row in rows:
-        for key in ("time_to_target_s", "speedup", "ess_mean", "lag_mean", "lag_max", "eval_success_end"):
+        for key in PARENT_METRICS:
             value = getattr(row, key)
             if value is not None:
                 metrics[f"{row.label}/{key}"] = float(value)

@@ -33,13 +33,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, LocalStages, StageFailed
+from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, LocalStages, RunStalled, StageFailed, StallWatch
 from pipelinerl.platform.checkpoint import CheckpointError, latest_checkpoint, starting_version
 from pipelinerl.platform.config import ConfigError, PipelineConfig, with_overrides
 from pipelinerl.platform.jsonl import JsonlTail
 from pipelinerl.platform.tracking.mlflow_store import CheckpointRecord
 
 POLL_S = 0.5
+# Positions of the embedded model warm-started on a task other than arithmetic (prompt + completion).
+WARM_START_POSITIONS = 512
 
 __all__ = ["Placement", "RunResult", "RunTerminated", "StageFailed", "launch", "new_run_id"]
 
@@ -142,32 +144,36 @@ def resolve_model(config: PipelineConfig, console: Any = None) -> Path:
         return config.model.path
     from pipelinerl.launch.warmstart import ensure_warm_start
 
-    if config.task.name != "arithmetic":
-        raise ConfigError(
-            f"task.name={config.task.name!r} needs a model: set model.path to a local Hugging Face model "
-            "directory (the embedded model is warm-started on the arithmetic task only)"
-        )
     cache_dir = config.run.home.expanduser() / "warmstart"
+    # The arithmetic warm start keeps the settings its cache was made with; another task's is built for
+    # longer sequences and reports its success on completions as long as the actor's.
+    longer = (
+        {}
+        if config.task.name == "arithmetic"
+        else {"max_positions": WARM_START_POSITIONS, "max_new_tokens": config.actor.max_new_tokens}
+    )
     return ensure_warm_start(
         cache_dir,
         task_name=config.task.name,
+        task_options=dict(config.task.options),
         seed=config.run.seed,
         max_steps=config.model.warmstart_max_steps,
         console=console,
+        **longer,
     )
 
 
 def held_out_success(config: PipelineConfig, model_path: Path) -> float:
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipelinerl.launch.warmstart import evaluate_success
+    from pipelinerl.platform.weights import policy_dtype
     from pipelinerl.tasks import build_task
     from pipelinerl.tasks.prompting import eos_token_ids, prompt_format
 
     task = build_task(config.task)
     problems = task.problems("eval", config.task.eval_problems, config.run.seed)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=policy_dtype(config.model.dtype)).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     return evaluate_success(
         model,
@@ -198,9 +204,14 @@ def check_task_and_model(config: PipelineConfig) -> None:
         raise ConfigError(
             f"task {config.task.name!r} has no held-out problems (task.options={config.task.options})"
         )
+    if config.eval.every:
+        from pipelinerl.tasks.eval_sets import build_eval_sets
+
+        build_eval_sets(config, task)  # an eval set whose options do not build is named
     model_path = config.run.resume_from or config.model.path
     if model_path is None:
-        return  # the embedded model: its tokenizer is built here
+        _check_embedded_model_can_learn(config, task)
+        return
     from transformers import AutoTokenizer
 
     from pipelinerl.tasks.prompting import eos_token_ids, prompt_format
@@ -217,6 +228,36 @@ def check_task_and_model(config: PipelineConfig) -> None:
         raise ConfigError(f"model directory {str(model_path)!r} has no usable tokenizer: {error}") from None
     eos_token_ids(tokenizer, model_path)
     prompt_format(tokenizer, config.model.chat_template, config.model.system_prompt)
+
+
+def _check_embedded_model_can_learn(config: PipelineConfig, task: Any) -> None:
+    """The embedded model is warm-started on the task's reference completions, which must exist and fit."""
+    if config.task.name == "arithmetic":
+        return
+    from pipelinerl.tasks.base import reference_completion
+    from pipelinerl.tasks.tokenizer import build_tokenizer, encode_completion, encode_prompt
+
+    tokenizer = build_tokenizer()
+    longest = 0
+    for problem in task.problems("train", 64, config.run.seed):
+        try:
+            completion = reference_completion(task, problem)
+        except (AttributeError, ValueError) as error:
+            raise ConfigError(
+                f"task {config.task.name!r} cannot warm-start the embedded model ({error}); set model.path "
+                "to a local Hugging Face model directory"
+            ) from None
+        prompt_tokens = len(encode_prompt(tokenizer, problem.prompt))
+        longest = max(
+            longest,
+            prompt_tokens + max(config.actor.max_new_tokens, len(encode_completion(tokenizer, completion))),
+        )
+    if longest > WARM_START_POSITIONS:
+        raise ConfigError(
+            f"task {config.task.name!r}: a prompt and its completion take up to {longest} tokens of the "
+            f"embedded model's character tokenizer, more than its {WARM_START_POSITIONS} positions; shorten "
+            "the prompts (e.g. task.options.instruction) or actor.max_new_tokens, or set model.path"
+        )
 
 
 class RecordTails:
@@ -454,9 +495,13 @@ def _train(
     while True:
         placement.start(config, model_path)
         status(f"started {placement.describe()}")
+        watch = StallWatch(config.run.stall_timeout_s, time.monotonic())
         try:
             while not placement.poll():
                 records.extend(tails.read(sinks))
+                watch.observe(tails.last_version, time.monotonic())
+                if (idle_s := watch.stalled_for(time.monotonic())) is not None:
+                    raise RunStalled(watch.describe(idle_s))
                 time.sleep(POLL_S)
             records.extend(tails.read(sinks))
             break

@@ -20,7 +20,7 @@ class ProgressView:
         self.config = config
         self.status = "starting"
         self.last: dict[str, Any] = {}
-        self.last_eval: dict[str, Any] = {}
+        self.last_evals: dict[str, dict[str, Any]] = {}  # by eval set
         self.started = time.time()
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
@@ -53,12 +53,20 @@ class ProgressView:
 
     def add_evals(self, records: list[dict[str, Any]]) -> None:
         """In-run evaluations (``eval.every``): the latest is shown beside the training row."""
-        self.last_eval = records[-1]
+        for record in records:
+            self.last_evals[record.get("set", "")] = record
         self.live.update(self._render())
 
     def _latest_eval(self) -> str:
-        e = self.last_eval
-        return f"{e['pass@1']:.1%} @v{e['policy_version']}" if e else "-"
+        """The latest pass@1 of each eval set, named when there are several."""
+        named = len(self.last_evals) > 1
+        return (
+            " ".join(
+                f"{name + ' ' if named else ''}{e['pass@1']:.1%} @v{e['policy_version']}"
+                for name, e in self.last_evals.items()
+            )
+            or "-"
+        )
 
     def _render(self) -> Group:
         table = Table(show_header=True, header_style="bold", box=None)
@@ -156,7 +164,7 @@ def print_comparison(console: Console, result: Any) -> None:
             row.label,
             _seconds(row.time_to_target_s),
             "-" if row.samples_to_target is None else str(row.samples_to_target),
-            "-" if row.speedup is None else f"{row.speedup:.2f}x",
+            "-" if row.time_vs_reference is None else f"{row.time_vs_reference:.2f}x",
             f"{row.ess_mean:.3f}",
             f"{row.lag_mean:.2f} / {row.lag_max}",
             f"{row.eval_success_start:.1%} -> {row.eval_success_end:.1%}",

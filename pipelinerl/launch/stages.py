@@ -37,6 +37,40 @@ class StageFailed(RuntimeError):
     """A stage process exited before the run was done; the message carries its log tail."""
 
 
+class RunStalled(StageFailed):
+    """No optimizer step for ``run.stall_timeout_s``: the stages are alive but the run makes no progress
+    (a lost message, a peer that never answers); handled as a crash (restart or fail)."""
+
+
+@dataclass
+class StallWatch:
+    """When the run last made progress (a new policy version); pure, the caller gives the clock."""
+
+    timeout_s: float
+    started: float
+    last_version: int = -1
+    last_progress: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.last_progress = self.started
+
+    def observe(self, version: int, now: float) -> None:
+        if version > self.last_version:
+            self.last_version, self.last_progress = version, now
+
+    def stalled_for(self, now: float) -> float | None:
+        """Seconds without progress once past the timeout, else None (never with timeout 0)."""
+        idle = now - self.last_progress
+        return idle if self.timeout_s and idle > self.timeout_s else None
+
+    def describe(self, idle_s: float) -> str:
+        since = "the stages started" if self.last_version < 0 else f"policy version {self.last_version}"
+        return (
+            f"the run stalled: no optimizer step for {idle_s:.0f} s since {since} "
+            f"(run.stall_timeout_s={self.timeout_s:g}); see the stages' logs for what each was waiting on"
+        )
+
+
 def _die_with_parent() -> None:
     """In a stage process, before exec: get SIGTERM when the launcher dies, even by SIGKILL (Linux)."""
     import ctypes

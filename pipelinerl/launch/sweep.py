@@ -7,10 +7,12 @@ block of ports), under one parent MLflow run that receives the overlay figure an
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import queue
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -70,6 +72,25 @@ def point_config(config: PipelineConfig, point: SweepPoint, slot: int) -> Pipeli
     return with_overrides(config, {**point.overrides, "transport.base_port": base_port})
 
 
+class PortSlots:
+    """The sweep's blocks of ports: a point takes a free one when it starts and gives it back when it
+    ends, so two points running at once never share one, however their durations differ (a slot per
+    point index would give a point the block of a longer one still running)."""
+
+    def __init__(self, count: int) -> None:
+        self._free: queue.Queue[int] = queue.Queue()
+        for slot in range(count):
+            self._free.put(slot)
+
+    @contextlib.contextmanager
+    def taken(self) -> Iterator[int]:
+        slot = self._free.get()
+        try:
+            yield slot
+        finally:
+            self._free.put(slot)
+
+
 @dataclass
 class SweepResult:
     sweep_id: str
@@ -108,17 +129,20 @@ def _run_points(
     prefect_flow_run_id: str | None,
 ) -> dict[str, RunResult]:
     """Every point's run, at most ``max_concurrency`` at a time, each in its own block of ports."""
+    slots = PortSlots(max_concurrency)
 
     def run_point(index: int, point: SweepPoint) -> RunResult:
-        status(f"[{point.label}] starting")
-        return launch(
-            point_config(config, point, index % max_concurrency),
-            run_id=f"{sweep_id}-{index:03d}",
-            on_status=lambda text: status(f"[{point.label}] {text}"),
-            parent_mlflow_run_id=parent.mlflow_run_id if parent else None,
-            parent_run_id=sweep_id if parent else None,
-            prefect_flow_run_id=prefect_flow_run_id,
-        )
+        with slots.taken() as slot:
+            point_cfg = point_config(config, point, slot)
+            status(f"[{point.label}] starting (ports from {point_cfg.transport.base_port})")
+            return launch(
+                point_cfg,
+                run_id=f"{sweep_id}-{index:03d}",
+                on_status=lambda text: status(f"[{point.label}] {text}"),
+                parent_mlflow_run_id=parent.mlflow_run_id if parent else None,
+                parent_run_id=sweep_id if parent else None,
+                prefect_flow_run_id=prefect_flow_run_id,
+            )
 
     results: dict[str, RunResult] = {}
     with ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="sweep") as pool:

@@ -35,7 +35,7 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,8 @@ class WarmStartSettings:
     """Everything that determines the warm-start weights (all of it enters the cache key)."""
 
     task_name: str = "arithmetic"
+    # The task's options (task.options), e.g. a reasoning-gym generator and its parameters.
+    task_options: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     preset: str = "tiny"
     # Training stops at the first check where the teacher-forced exact match reaches this, or
@@ -88,6 +90,11 @@ class WarmStartSettings:
     warmup_steps: int = 30
     eval_problems: int = 200
     max_new_tokens: int = 80
+    # Longest prompt plus completion the model is built for (the shipped math set needs about 400).
+    max_positions: int = MAX_POSITIONS
+
+    def task(self) -> Task:
+        return get_task(self.task_name, **self.task_options)
 
     def cache_key(self) -> str:
         """Hash of the settings, ``WARM_START_VERSION`` and a sample of the task's data.
@@ -95,19 +102,26 @@ class WarmStartSettings:
         The sample makes a change to the task's prompts or reference solutions a new key even
         when nobody remembered to bump the version.
         """
-        task = get_task(self.task_name)
+        task = self.task()
         sample = [
             (problem.prompt, reference_completion(task, problem), problem.answer)
             for split in ("train", "eval")
             for problem in task.problems(split, 16, self.seed)
         ]
+        settings = asdict(self)
+        # Settings added later enter the key only when changed, so the caches made before stay valid.
+        for name, default in (("task_options", {}), ("max_positions", MAX_POSITIONS)):
+            if settings[name] == default:
+                del settings[name]
         payload = json.dumps(
-            {"version": WARM_START_VERSION, "task_sample": sample, **asdict(self)}, sort_keys=True
+            {"version": WARM_START_VERSION, "task_sample": sample, **settings}, sort_keys=True
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def build_tiny_model(tokenizer: PreTrainedTokenizerBase, preset: str = "tiny") -> PreTrainedModel:
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerBase, preset: str = "tiny", max_positions: int = MAX_POSITIONS
+) -> PreTrainedModel:
     """A freshly initialised fp32 Llama-style causal LM sized by ``preset`` (see ``PRESETS``)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; valid presets: {', '.join(PRESETS)}")
@@ -119,7 +133,7 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerBase, preset: str = "tiny") -
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=heads,
-        max_position_embeddings=MAX_POSITIONS,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -140,7 +154,8 @@ def evaluate_success(
     prompt: PromptFormat | None = None,
     eos_ids: list[int] | None = None,
 ) -> float:
-    """Greedy held-out success rate: the mean task reward over ``problems``.
+    """Greedy held-out success rate: the share of ``problems`` whose completion is scored ``correct``
+    (a task's partial credit, such as reasoning-gym's for a near miss, does not count as success).
 
     Prompts are built as the actor builds them (``prompt``: plain text by default); generation stops
     at any of ``eos_ids`` (default: the tokenizer's) and the completion at the task's first stop string.
@@ -171,7 +186,8 @@ def evaluate_success(
             )
             for problem, generated in zip(chunk, output[:, width:].tolist(), strict=True):
                 completion = tokenizer.decode(_until_eos(generated, eos), skip_special_tokens=True)
-                total += safe_score(task, problem, _until_stop(completion, task.stop_strings)).reward
+                score = safe_score(task, problem, _until_stop(completion, task.stop_strings))
+                total += score.label == "correct"
     finally:
         model.train(was_training)
     return total / len(problems)
@@ -263,12 +279,12 @@ def teacher_forced_exact_match(model: PreTrainedModel, batch: Batch) -> float:
 
 def train_warm_start(settings: WarmStartSettings, console: Any = None) -> tuple[PreTrainedModel, Any, dict]:
     """Build the model and fine-tune it on reference completions; returns (model, tokenizer, metadata)."""
-    task = get_task(settings.task_name)
+    task = settings.task()
     tokenizer = build_tokenizer()
     pad_id = tokenizer.pad_token_id
     with torch.random.fork_rng():
         torch.manual_seed(settings.seed)
-        model = build_tiny_model(tokenizer, settings.preset)
+        model = build_tiny_model(tokenizer, settings.preset, settings.max_positions)
     model.train()
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=settings.learning_rate, betas=(0.9, 0.98), weight_decay=0.01
@@ -318,7 +334,8 @@ def train_warm_start(settings: WarmStartSettings, console: Any = None) -> tuple[
 
 def warm_start_dir(cache_dir: Path, settings: WarmStartSettings) -> Path:
     """Where the warm start for ``settings`` lives in ``cache_dir`` (complete once it holds metadata)."""
-    return Path(cache_dir) / f"{settings.task_name}-{settings.preset}-{settings.cache_key()}"
+    label = settings.task_name.replace(":", "-").replace(".", "-")  # a user's 'package.module:Class'
+    return Path(cache_dir) / f"{label}-{settings.preset}-{settings.cache_key()}"
 
 
 def warm_start_lock(target: Path) -> Path:

@@ -59,15 +59,24 @@ class RunConfig(Section):
     max_lag: int = Field(
         2, ge=1, description="async mode: versions the actor may fall behind before it drains and updates."
     )
-    output_dir: Path = Field(Path("runs"), description="Each run writes runs/<run-id>/ under this directory.")
+    output_dir: Path = Field(
+        Path("runs"), description="Each run writes its own directory, named by its run id, under this one."
+    )
     home: Path = Field(
         Path("~/.pipelinerl"),
         description="Platform home: warm-start cache, the default MLflow store and platform database.",
     )
     resume_from: Path | None = Field(
         None,
-        description="A checkpoint directory (runs/<id>/checkpoints/v<version>) to continue training from: "
+        description="A checkpoint directory (runs/RUN_ID/checkpoints/vVERSION) to continue training from: "
         "the policy, its version and samples trained are restored.",
+    )
+    stall_timeout_s: float = Field(
+        900.0,
+        ge=0,
+        description="End the run with an error naming the stall when no optimizer step completes for this "
+        "many seconds (the first step included, so leave room for loading the model); with "
+        "run.max_restarts the run restarts from its latest checkpoint instead. 0: never.",
     )
     max_restarts: int = Field(
         0,
@@ -99,12 +108,19 @@ class ModelConfig(Section):
     system_prompt: str | None = Field(
         None, description="A system message put before a task's chat messages (when a chat template applies)."
     )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Precision of the policy's weights on the trainer and the actors: float32, bfloat16, or "
+        "auto (bfloat16 where the stage runs on a CUDA GPU, float32 on CPU, where bf16 is slower). With "
+        "bfloat16 the trainer keeps float32 master weights in DeepSpeed's optimizer; the actors receive "
+        "the bf16 weights.",
+    )
     lm_head_fp32: bool = Field(
         False,
         description="Compute the LM head (hidden states to vocabulary logits) in float32 on the trainer and "
         "the actors when the weights are in a lower precision (bf16/fp16): same head math on both sides, "
-        "a smaller rl/behaviour_mismatch. The weights keep their precision. Every engine loads float32 "
-        "weights today, where it changes nothing.",
+        "a smaller rl/behaviour_mismatch. The weights keep their precision (model.dtype); with float32 "
+        "weights it changes nothing.",
     )
 
     @field_validator("path")
@@ -256,6 +272,9 @@ class TrainerConfig(Section):
     )
 
 
+_EVAL_SET_NAME = r"^[A-Za-z0-9_-]+$"
+
+
 class EvalConfig(Section):
     every: int = Field(
         0,
@@ -271,9 +290,39 @@ class EvalConfig(Section):
     )
     name: str = Field(
         "heldout",
-        pattern=r"^[A-Za-z0-9_-]+$",
-        description="The eval set's name in metrics (eval/<name>/pass@1).",
+        pattern=_EVAL_SET_NAME,
+        description="The name, in metrics (eval/NAME/pass_at_1), of the set drawn from the task's own "
+        "held-out split.",
     )
+    sets: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="More named eval sets: name -> task options that replace those of task.options for "
+        "that set, whose held-out split is evaluated too, e.g. {math500 = {dataset = '/data/math500.jsonl', "
+        "eval_fraction = 0.99}} or {chain_sum_long = {generator = 'chain_sum', params = {max_terms = 6}}}.",
+    )
+    greedy: bool = Field(
+        False,
+        description="Decode the eval sets greedily (temperature 0) instead of at actor.temperature; needs "
+        "actor.engine='vllm' (the transformers engine's batch samples every request at one temperature).",
+    )
+
+    @field_validator("sets")
+    @classmethod
+    def _set_names(cls, sets: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name in sets:
+            if not re.match(_EVAL_SET_NAME, name):
+                raise ValueError(f"eval set name {name!r} may use only letters, digits, '_' and '-'")
+        return sets
+
+    @model_validator(mode="after")
+    def _distinct_names(self) -> EvalConfig:
+        if self.name in self.sets:
+            raise ValueError(f"eval.sets names {self.name!r}, already eval.name (the task's own set)")
+        return self
+
+    def set_names(self) -> list[str]:
+        """Every eval set, the task's own first."""
+        return [self.name, *self.sets]
 
 
 class TrackingConfig(Section):
@@ -391,6 +440,15 @@ class TransportConfig(Section):
         description="Kernel send and receive buffer of the rollout and batch sockets, in KiB. The high-water "
         "marks count messages; unbounded kernel buffers would hold hundreds more (and their lag) on top.",
     )
+    max_message_mib: int = Field(
+        256,
+        ge=1,
+        le=4096,
+        description="Largest message part (a header, or one array) any socket of the run accepts, in MiB. "
+        "ZeroMQ refuses a larger one from its size prefix, before allocating it, and drops the connection "
+        "that carried it; a stage refuses to send one, naming this setting. Raise it only for train "
+        "batches whose header (one entry per sequence) or arrays outgrow it.",
+    )
 
     @field_validator("host")
     @classmethod
@@ -408,6 +466,10 @@ class TransportConfig(Section):
             return ipaddress.ip_address(self.host).is_loopback
         except ValueError:
             return self.host == "localhost"
+
+    @property
+    def max_message_bytes(self) -> int:
+        return self.max_message_mib * 2**20
 
     def address(self, role: str) -> str:
         return f"tcp://{self.host}:{self.port(role)}"
@@ -461,12 +523,31 @@ class PipelineConfig(Section):
                 f"actor.num_actors={self.actor.num_actors} must divide evenly over "
                 f"cluster.actor_nodes={self.cluster.actor_nodes}"
             )
+        if self.eval.greedy and self.actor.engine != "vllm":
+            raise ValueError(
+                "eval.greedy=true needs actor.engine='vllm': the transformers engine samples every request "
+                "of its batch at actor.temperature (leave eval.greedy off to evaluate at that temperature)"
+            )
+        if self.eval.sets and not self.eval.every:
+            raise ValueError(
+                f"eval.sets ({', '.join(self.eval.sets)}) are evaluated during the run: set eval.every too"
+            )
         if self.actor.tensor_parallel_size > 1 and self.actor.engine != "vllm":
             raise ValueError(
                 f"actor.tensor_parallel_size={self.actor.tensor_parallel_size} needs actor.engine='vllm' "
                 "(the transformers engine runs on one device)"
             )
         return self
+
+    def mode_label(self) -> str:
+        """What the run is, as comparisons and MLflow's child runs name it: ``pipeline``, ``async-lag2``,
+        ``conventional-G8`` or, with strict rounds (generation, then training), ``conventional-G8-strict``."""
+        if self.run.mode == "async":
+            return f"async-lag{self.run.max_lag}"
+        if self.run.mode != "conventional":
+            return self.run.mode
+        label = f"conventional-G{self.run.steps_per_round}"
+        return label if self.run.train_during_round else f"{label}-strict"
 
     def weight_group_size(self) -> int:
         """Members of the weight group: trainer rank 0, then every actor's engine workers."""

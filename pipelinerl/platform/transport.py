@@ -6,12 +6,20 @@
   messages for a subscriber whose queue is full, so PUB suits notices whose latest value is what counts.
 * ``Receiver`` is a PULL socket or a SUB socket subscribed to everything. A multipart message that
   does not decode (``wire.MalformedMessage``) is counted, logged and skipped; the receiver keeps
-  running and keeps waiting for the next good message.
+  running and keeps waiting for the next good message. Its stage counts the message that decodes
+  but carries impossible values (``reject``), so a receiver's counts are every rejection there.
 
 Invariants:
 
 * Only ``wire.encode`` / ``wire.decode`` touch the bytes: no pickle on the wire.
 * Queues are bounded on both sides (``SNDHWM`` / ``RCVHWM`` = ``high_water_mark`` messages).
+* Every socket has ``MAXMSGSIZE`` = ``max_message_bytes`` (``transport.max_message_mib``): ZeroMQ
+  reads a part's size prefix and drops the connection of a peer announcing a larger one, before
+  allocating it; a receiver counts such dropped connections (``peer_disconnects``, with the peers
+  that leave in the ordinary way). ``Sender.send`` refuses to send such a part (``MessageTooLarge``)
+  rather than have it vanish at the receiver. ZeroMQ bounds each part, not how many parts a
+  multipart message has: only a peer that holds the run's keys (or any local one, on loopback)
+  could send that many.
 * A PUSH socket that connects sets ``IMMEDIATE``, so it queues nothing for a peer that is not
   there (a message waits in the sender, where backpressure can see it, until a consumer connects).
 * ``LINGER`` is 0: closing a socket drops what it has not sent instead of hanging the process.
@@ -41,12 +49,14 @@ from typing import Any, Literal, Self
 from urllib.parse import urlsplit
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from pipelinerl.platform.wire import MalformedMessage, Message, decode, encode
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_HIGH_WATER_MARK = 64  # messages; a few optimizer steps of rollouts, bounded memory per socket
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20  # transport.max_message_mib's default, for sockets built without it
 
 _SOCKET_TYPES = {"push": zmq.PUSH, "pub": zmq.PUB, "pull": zmq.PULL, "sub": zmq.SUB}
 
@@ -58,6 +68,10 @@ def _milliseconds_until(deadline: float) -> int:
 
 class PortInUseError(RuntimeError):
     """A socket could not bind its address because another process holds the port."""
+
+
+class MessageTooLarge(ValueError):
+    """A message with a part larger than its socket's ``max_message_bytes``: no receiver would take it."""
 
 
 def _port_in_use_message(address: str, setting: str | None) -> str:
@@ -188,12 +202,17 @@ class _Socket:
         setting: str | None,
         keys: CurveKeys | None = None,
         kernel_buffer_bytes: int | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         if high_water_mark < 1:
             raise ValueError(f"high_water_mark must be >= 1 (messages), got {high_water_mark}")
+        if max_message_bytes < 1:
+            raise ValueError(f"max_message_bytes must be >= 1, got {max_message_bytes}")
         self.kind = kind
+        self.max_message_bytes = max_message_bytes
         self.socket: zmq.Socket = context.socket(_SOCKET_TYPES[kind])
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         if kernel_buffer_bytes is not None:  # else the kernel's (autotuned, megabytes on loopback)
             self.socket.setsockopt(zmq.SNDBUF, kernel_buffer_bytes)
             self.socket.setsockopt(zmq.RCVBUF, kernel_buffer_bytes)
@@ -251,10 +270,21 @@ class Sender(_Socket):
         setting: str | None = None,
         keys: CurveKeys | None = None,
         kernel_buffer_bytes: int | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         if kind not in ("push", "pub"):
             raise ValueError(f"Sender kind must be 'push' or 'pub', got {kind!r}")
-        super().__init__(context, address, kind, bind, high_water_mark, setting, keys, kernel_buffer_bytes)
+        super().__init__(
+            context,
+            address,
+            kind,
+            bind,
+            high_water_mark,
+            setting,
+            keys,
+            kernel_buffer_bytes,
+            max_message_bytes,
+        )
         self.sent_count = 0
 
     def send(self, message: Message, timeout_s: float | None = None) -> bool:
@@ -263,8 +293,16 @@ class Sender(_Socket):
         PUSH: waits while the queue is full (or, when connecting, until a peer is there), at most
         ``timeout_s`` seconds (None: forever), and returns False if it is still full by then; the
         message is then not sent. PUB: never waits (a full subscriber queue drops it) and returns True.
+        ``MessageTooLarge`` if a part of it exceeds ``max_message_bytes``.
         """
         frames = encode(message)
+        largest = max(len(frame) for frame in frames)
+        if largest > self.max_message_bytes:
+            raise MessageTooLarge(
+                f"a {type(message).__name__} part of {largest / 2**20:.1f} MiB exceeds the "
+                f"{self.max_message_bytes / 2**20:.1f} MiB every receiver accepts: "
+                "raise transport.max_message_mib"
+            )
         if timeout_s is None or self.kind == "pub":
             self.socket.send_multipart(frames)
             self.sent_count += 1
@@ -299,12 +337,53 @@ class Receiver(_Socket):
         setting: str | None = None,
         keys: CurveKeys | None = None,
         kernel_buffer_bytes: int | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         if kind not in ("pull", "sub"):
             raise ValueError(f"Receiver kind must be 'pull' or 'sub', got {kind!r}")
-        super().__init__(context, address, kind, bind, high_water_mark, setting, keys, kernel_buffer_bytes)
+        super().__init__(
+            context,
+            address,
+            kind,
+            bind,
+            high_water_mark,
+            setting,
+            keys,
+            kernel_buffer_bytes,
+            max_message_bytes,
+        )
         self.received_count = 0
         self.malformed_count = 0
+        self.rejected_count = 0
+        self.peer_disconnects = 0
+        # ZeroMQ's only sign of an oversized part is the connection it drops: watch for those.
+        self._monitor: zmq.Socket | None = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+
+    def reject(self, what: str, reason: str) -> None:
+        """Count and log a message that decoded but that its stage cannot use (impossible values)."""
+        self.rejected_count += 1
+        logger.warning("rejected %s on %s (%d so far): %s", what, self.address, self.rejected_count, reason)
+
+    def _count_disconnects(self) -> None:
+        if self._monitor is None:
+            return
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self.peer_disconnects += 1
+                logger.warning(
+                    "a peer of %s disconnected (%d so far; an oversized message part also drops its "
+                    "connection)",
+                    self.address,
+                    self.peer_disconnects,
+                )
+
+    def close(self) -> None:
+        if self._monitor is not None:
+            self.socket.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
+        super().close()
 
     def recv(self, timeout_s: float | None = None) -> Message | None:
         """The next good message, or None if none came within ``timeout_s`` seconds (None: wait forever).
@@ -313,6 +392,7 @@ class Receiver(_Socket):
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
+            self._count_disconnects()
             if deadline is None:
                 self.socket.poll(None, zmq.POLLIN)
             else:

@@ -56,5 +56,21 @@ def receive_buffers(shapes: list[list[int]], dtypes: list[str]) -> list[torch.Te
     return [torch.empty(shape, dtype=DTYPES[dtype]) for shape, dtype in zip(shapes, dtypes, strict=True)]
 
 
+def policy_dtype_name(setting: str, cuda: bool | None = None) -> str:
+    """``model.dtype`` resolved for a stage: ``auto`` is bfloat16 where the stage has a CUDA GPU
+    (``cuda``; default: whether this process sees one) and float32 on CPU, where bf16 is slower."""
+    if setting == "auto":
+        on_gpu = torch.cuda.is_available() if cuda is None else cuda
+        return "bfloat16" if on_gpu else "float32"
+    if setting not in ("float32", "bfloat16"):
+        raise ValueError(f"model.dtype {setting!r} is not one of auto, float32, bfloat16")
+    return setting
+
+
+def policy_dtype(setting: str, cuda: bool | None = None) -> torch.dtype:
+    """``policy_dtype_name`` as a torch dtype."""
+    return DTYPES[policy_dtype_name(setting, cuda)]
+
+
 def dtype_name(tensor: torch.Tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")

@@ -15,8 +15,10 @@ Invariants:
 * Never pickle: the header is msgpack decoded into a closed set of struct types, and array frames
   are interpreted only as the dtypes in ``ALLOWED_DTYPES``, so a peer cannot make a receiver run
   code or allocate beyond what it sent.
-* ``decode`` either returns a fully validated message or raises ``MalformedMessage``: unknown
-  tag, bad msgpack, a header that is not a message struct, a frame count that does not match the
+* ``decode`` either returns a fully validated message or raises ``MalformedMessage``, whatever the
+  bytes (nothing else escapes it: a receiver must never die of its input): unknown tag, bad
+  msgpack, a string that is not UTF-8, nesting too deep, a field the struct does not declare, a
+  header that is not a message struct, a frame count that does not match the
   header, a buffer whose size is not ``length * itemsize``, a dtype outside the allow-list or
   other than the field declares, or a field constraint broken (e.g. one behaviour log-prob per
   completion token). Receivers count and skip such messages and keep running.
@@ -110,8 +112,11 @@ def _values_equal(left: Any, right: Any) -> bool:
     return bool(left == right)
 
 
-class WireStruct(msgspec.Struct):
-    """Base of every struct on the wire: array fields are validated when built and compared by value."""
+class WireStruct(msgspec.Struct, forbid_unknown_fields=True):
+    """Base of every struct on the wire: array fields are validated when built and compared by value.
+
+    A field the struct does not declare is refused, not skipped: a header is the stage's own schema
+    or it is malformed (the stages of a run run the same code)."""
 
     def __post_init__(self) -> None:
         struct_type = type(self)
@@ -222,6 +227,42 @@ class Shutdown(WireStruct, tag=True):
     reason: str
 
 
+# A log-prob is at most 0; this much above it is rounding, more is a probability above 1.
+LOGPROB_TOLERANCE: Final = 1e-3
+
+
+def impossible_values(
+    sequence: Rollout | TrainSequence, *, newest_version: int | None = None, vocab_size: int | None = None
+) -> str | None:
+    """Why a well-formed ``sequence`` cannot be trained, or None: what a schema cannot say.
+
+    A token id below 0 or at/above ``vocab_size`` (given), a policy version below 0 or above
+    ``newest_version`` (given: no weights newer than the trainer's can have sampled a token), a
+    behaviour log-prob that is not finite or above 0, a reward or advantage that is not finite. The
+    receiving stage checks this at its boundary and rejects (counts) the sequence: such values would
+    otherwise reach the trainer's embedding lookup, its loss and its statistics.
+    """
+    for name in ("prompt_token_ids", "completion_token_ids"):
+        ids = getattr(sequence, name)
+        if len(ids) and int(ids.min()) < 0:
+            return f"{name} holds {int(ids.min())} < 0"
+        if vocab_size is not None and len(ids) and int(ids.max()) >= vocab_size:
+            return f"{name} holds {int(ids.max())}, outside the vocabulary of {vocab_size}"
+    versions = sequence.token_versions
+    if len(versions) and int(versions.min()) < 0:
+        return f"token_versions holds {int(versions.min())} < 0"
+    if newest_version is not None and len(versions) and int(versions.max()) > newest_version:
+        return f"token_versions holds {int(versions.max())}, newer than the newest policy v{newest_version}"
+    logprobs = sequence.behaviour_logprobs
+    if not bool(np.isfinite(logprobs).all()):
+        return "behaviour_logprobs holds a value that is not finite"
+    if len(logprobs) and float(logprobs.max()) > LOGPROB_TOLERANCE:
+        return f"behaviour_logprobs holds {float(logprobs.max())} > 0 (a probability above 1)"
+    if isinstance(sequence, TrainSequence) and not np.isfinite([sequence.reward, sequence.advantage]).all():
+        return f"reward {sequence.reward} or advantage {sequence.advantage} is not finite"
+    return None
+
+
 Message: TypeAlias = Rollout | TrainBatch | WeightUpdate | Shutdown
 MESSAGE_TYPES: Final = (Rollout, TrainBatch, WeightUpdate, Shutdown)
 
@@ -328,6 +369,14 @@ def decode(frames: Sequence[Frame]) -> Message:
         raise MalformedMessage(f"invalid message: {error}") from error
     except msgspec.DecodeError as error:
         raise MalformedMessage(f"frame 0 is not valid msgpack: {error}") from error
+    except UnicodeDecodeError as error:  # msgspec raises it, unwrapped, for a str that is not UTF-8
+        raise MalformedMessage(f"frame 0 holds a string that is not UTF-8: {error}") from error
+    except RecursionError as error:  # msgspec's depth limit, e.g. maps nested 10^5 deep
+        raise MalformedMessage(f"frame 0 nests too deep: {error}") from error
+    except Exception as error:
+        # The contract receivers rely on: whatever else a damaged frame trips, it is a rejection,
+        # never a dead stage. A cause found here deserves its own clause above.
+        raise MalformedMessage(f"undecodable ({type(error).__name__}): {error}") from error
     finally:
         del _in_progress.cursor
     if cursor.position != len(cursor.buffers):

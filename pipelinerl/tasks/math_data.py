@@ -383,16 +383,35 @@ TOPICS: tuple[Callable[[random.Random], Record], ...] = (
 )
 
 
+# Draws of one topic in a row that may repeat earlier problems before the topic counts as spent.
+TOPIC_PATIENCE = 200
+
+
 def generate(count: int = PROBLEM_COUNT, seed: int = SEED) -> list[Record]:
-    """``count`` distinct problems, topics in turn, all determined by ``seed``."""
+    """``count`` distinct problems, topics in turn, all determined by ``seed``.
+
+    A topic whose draws repeat ``TOPIC_PATIENCE`` times in a row has given all it can and is left out
+    from then on; ValueError when every topic is spent before ``count``.
+    """
     rng = random.Random(seed)
     records: list[Record] = []
     seen: set[str] = set()
+    topics = list(TOPICS)
+    turn = repeats = 0
     while len(records) < count:
-        record = TOPICS[len(records) % len(TOPICS)](rng)
-        if record["problem"] not in seen:
-            seen.add(record["problem"])
-            records.append(record)
+        if not topics:
+            raise ValueError(f"the math generator has {len(records)} distinct problems, fewer than {count}")
+        topic = topics[turn % len(topics)]
+        record = topic(rng)
+        if record["problem"] in seen:
+            repeats += 1
+            if repeats == TOPIC_PATIENCE:
+                topics.remove(topic)
+                repeats = 0
+            continue
+        seen.add(record["problem"])
+        records.append(record)
+        turn, repeats = turn + 1, 0
     return records
 
 

@@ -4,6 +4,7 @@ read into question / reference answer / worked solution records with train and e
 Layouts (``dataset``):
 
 * ``"shipped"``: ``pipelinerl/tasks/data/math.jsonl`` (``math_data.py`` writes it);
+* ``"generated:<count>"``: the same generator asked for ``count`` problems, built in memory;
 * a ``.jsonl`` file (one JSON object a line) or a ``.parquet`` file (needs ``pyarrow``);
 * a directory holding ``train.jsonl`` (or ``.parquet``) and ``test.jsonl`` or ``validation.jsonl``:
   those are the splits;
@@ -33,13 +34,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipelinerl.tasks.base import Split
-from pipelinerl.tasks.math_data import SHIPPED_PATH
+from pipelinerl.tasks.math_data import SHIPPED_PATH, generate
 from pipelinerl.tasks.math_grading import last_boxed
 
 AnswerFormat = Literal["plain", "gsm8k", "boxed"]
 ANSWER_FORMATS: tuple[AnswerFormat, ...] = ("plain", "gsm8k", "boxed")
 
 FILE_SUFFIXES = (".jsonl", ".parquet")
+GENERATED_PREFIX = "generated:"
+GENERATED_MAX = 200_000
 # Names a split field's values may take, and the split each means.
 SPLIT_NAMES: dict[str, Split] = {"train": "train", "test": "eval", "eval": "eval", "validation": "eval"}
 
@@ -173,6 +176,8 @@ def _split_value(table: _Table, index: int, row: dict[str, Any], field: str) -> 
 
 def _read_tables(dataset: str) -> dict[str, _Table]:
     """``{"all": ...}`` for a pool without splits, else ``{"train": ..., "eval": ...}``."""
+    if dataset.startswith(GENERATED_PREFIX):
+        return {"all": _generated(dataset)}
     path = SHIPPED_PATH if dataset == "shipped" else Path(dataset).expanduser()
     if not path.exists():
         raise ValueError(
@@ -182,6 +187,17 @@ def _read_tables(dataset: str) -> dict[str, _Table]:
     if path.is_dir():
         return _read_directory(path)
     return {"all": _read_file(path)}
+
+
+def _generated(dataset: str) -> _Table:
+    """``generated:<count>``: the shipped set's generator asked for more problems, built in memory
+    (the first 400 are the shipped set); for runs that need more data than the shipped file holds."""
+    count_text = dataset.removeprefix(GENERATED_PREFIX)
+    if not count_text.isdigit() or not 1 <= int(count_text) <= GENERATED_MAX:
+        raise ValueError(
+            f"dataset {dataset!r}: give 'generated:<count>' with a count from 1 to {GENERATED_MAX}"
+        )
+    return _Table(dataset, list(generate(int(count_text))))
 
 
 def _read_file(path: Path) -> _Table:

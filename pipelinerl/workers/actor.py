@@ -94,6 +94,26 @@ class StagedWeights:
             parameters[name].data.copy_(tensor)
 
 
+class StopFlag:
+    """The actor's stop flag: setting it also wakes every thread waiting on ``condition``.
+
+    The main thread of a conventional run waits on the weights condition for the next round's
+    weights; a stop that only set a flag would leave it asleep until the launcher killed the process
+    after its grace period. Tying the two here wakes it whoever stops the actor, and however."""
+
+    def __init__(self, condition: threading.Condition) -> None:
+        self._event = threading.Event()
+        self._condition = condition
+
+    def set(self) -> None:
+        with self._condition:
+            self._event.set()
+            self._condition.notify_all()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
 class Actor:
     def __init__(self, config: PipelineConfig, run_dir: Path, actor_id: int, model_path: Path) -> None:
         import torch
@@ -116,13 +136,16 @@ class Actor:
         self.prompts = prompt_stream(problems, config.run.seed, actor_id, config.actor.num_actors)
         prompt = prompt_format(self.tokenizer, config.model.chat_template, config.model.system_prompt)
         self.encode = lambda problem: encode_problem(self.tokenizer, problem, prompt)
-        # In-run evaluation (eval.every) is actor 0's: the held-out set through this engine.
-        self.eval_problems: list[Problem] = []
+        # In-run evaluation (eval.every) is actor 0's: the eval sets through this engine.
+        self.eval_sets: dict[str, list[Problem]] = {}
         self.eval_schedule = EvalSchedule(0, 0)
         if config.eval.every and actor_id == 0:
-            self.eval_problems = task.problems("eval", config.task.eval_problems, config.run.seed)
+            from pipelinerl.tasks.eval_sets import build_eval_sets
+
+            self.eval_sets = {name: s.problems for name, s in build_eval_sets(config, task).items()}
             self.eval_schedule = EvalSchedule(config.eval.every, starting_version(config.run.resume_from))
-        max_prompt_tokens = max(len(self.encode(p)) for p in [*problems, *self.eval_problems])
+        eval_problems = [problem for set_problems in self.eval_sets.values() for problem in set_problems]
+        max_prompt_tokens = max(len(self.encode(p)) for p in [*problems, *eval_problems])
         transport = config.transport
         # The transformers engine's weight-group member is this process; the vllm engine's, its workers.
         self.weight_group = None
@@ -138,6 +161,15 @@ class Actor:
                 config.actor_first_weight_rank(actor_id),
                 config.weight_group_size(),
             )
+        from pipelinerl.platform.weights import policy_dtype_name
+
+        logger.info(
+            "actor %d: %s engine, %s weights, %d sequences in flight at most",
+            actor_id,
+            config.actor.engine,
+            policy_dtype_name(config.model.dtype),
+            config.actor.max_in_flight,
+        )
         self.context = zmq.Context()
         keys = run_keys(transport.host, run_dir)
         self.rollouts = Sender(
@@ -148,12 +180,20 @@ class Actor:
             high_water_mark=transport.queue_size,
             keys=keys,
             kernel_buffer_bytes=transport.socket_buffer_kib * 1024,
+            max_message_bytes=transport.max_message_bytes,
         )
-        self.notices = Receiver(self.context, transport.address("weights"), "sub", bind=False, keys=keys)
+        self.notices = Receiver(
+            self.context,
+            transport.address("weights"),
+            "sub",
+            bind=False,
+            keys=keys,
+            max_message_bytes=transport.max_message_bytes,
+        )
         self.pending: dict[str, PendingSample] = {}
         self.staged = StagedWeights()
-        self.stop = threading.Event()
         self.weights_ready = threading.Condition()
+        self.stop = StopFlag(self.weights_ready)
         self.pause_seconds: list[float] = []
         self.tokens_generated = 0
         self.idle_s = 0.0  # finished idle periods; one may be under way (idle_started)
@@ -162,13 +202,14 @@ class Actor:
         self._last_report = (time.monotonic(), 0, 0.0)  # (when, tokens, idle seconds)
 
     def _transformers_engine(self, model_path: Path, max_prompt_tokens: int):  # type: ignore[no-untyped-def]
-        import torch
         from transformers import AutoModelForCausalLM
 
         from pipelinerl.workers.engines.transformers_engine import TransformersEngine
 
         actor = self.config.actor
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        from pipelinerl.platform.weights import policy_dtype
+
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=policy_dtype(self.config.model.dtype))
         if self.config.model.lm_head_fp32:
             from pipelinerl.workers.engines.lm_head import float32_lm_head
 
@@ -194,6 +235,8 @@ class Actor:
                 f"actor.engine='vllm' needs vLLM in the actor's interpreter ({error}); build .venv-vllm "
                 "with `make vllm-env` and set actor.python=.venv-vllm/bin/python"
             ) from error
+        from pipelinerl.platform.weights import policy_dtype_name
+
         actor, transport = self.config.actor, self.config.transport
         return VLLMEngine(
             model_path,
@@ -207,6 +250,7 @@ class Actor:
             kv_cache_on_update=actor.kv_cache_on_update,
             kv_cache_gib=actor.kv_cache_gib,
             lm_head_fp32=self.config.model.lm_head_fp32,
+            dtype=policy_dtype_name(self.config.model.dtype),
             cpu_threads=actor.torch_threads,
             tensor_parallel_size=actor.tensor_parallel_size,
             weight_group=WeightGroupAddress(
@@ -302,6 +346,7 @@ class Actor:
                 "actor/idle_fraction": min(1.0, (idle - idle_then) / elapsed),
                 "actor/in_flight": self.engine.num_in_flight,
                 "actor/tokens_generated": tokens,
+                "actor/malformed": self.notices.malformed_count,
             }
         )
 
@@ -347,20 +392,21 @@ class Actor:
         )
 
     def submit_eval_if_due(self) -> None:
-        """Submit the held-out set (k samples a problem) when an eval round is due at this version."""
+        """Submit every eval set (k samples a problem) when an eval round is due at this version."""
         version = self.engine.policy_version
         if not self.eval_schedule.due(version):
             return
-        samples = self.config.eval.samples
-        group_id = eval_group_id(self.config.eval.name, version)
-        size = len(self.eval_problems) * samples
-        logger.info("eval round %s: %d problems x %d samples", group_id, len(self.eval_problems), samples)
-        for problem in self.eval_problems:
-            prompt_ids = self.encode(problem)
-            for _ in range(samples):
-                request_id = uuid.uuid4().hex
-                self.pending[request_id] = PendingSample(problem, group_id, size, split="eval")
-                self.engine.submit(request_id, prompt_ids)
+        samples, greedy = self.config.eval.samples, self.config.eval.greedy
+        for set_name, problems in self.eval_sets.items():
+            group_id = eval_group_id(set_name, version)
+            size = len(problems) * samples
+            logger.info("eval round %s: %d problems x %d samples", group_id, len(problems), samples)
+            for problem in problems:
+                prompt_ids = self.encode(problem)
+                for _ in range(samples):
+                    request_id = uuid.uuid4().hex
+                    self.pending[request_id] = PendingSample(problem, group_id, size, split="eval")
+                    self.engine.submit(request_id, prompt_ids, greedy=greedy)
 
     def push_finished(self, timeout_s: float) -> int:
         finished = self.engine.poll(timeout_s)

@@ -1,8 +1,10 @@
 """Held-out evaluation during the run, through the actor's own engine (``eval.every``). Pure logic.
 
-Every ``eval.every`` policy versions, actor 0 submits each held-out problem ``eval.samples`` (k)
-times to the engine that writes the training rollouts, at the actor's temperature, and sends the
-finished sequences downstream with ``split="eval"`` and the group id ``eval/<set>/v<version>``,
+Every ``eval.every`` policy versions, actor 0 submits each problem of every eval set (the task's
+held-out split, named ``eval.name``, and any ``eval.sets``: ``tasks/eval_sets.py``) ``eval.samples``
+(k) times to the engine that writes the training rollouts, at the actor's temperature or greedily
+(``eval.greedy``), and sends the finished sequences downstream with ``split="eval"`` and the group
+id ``eval/<set>/v<version>``,
 where ``version`` is the policy the engine ran when the round was submitted. The preprocessor
 scores them instead of training on them and, once the round is complete, appends one record to
 ``eval.jsonl``: pass@1 (mean correctness over all samples), pass@k (share of problems with a
@@ -19,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelinerl.tasks.base import LABELS, Problem, Score
+from pipelinerl.tasks.base import LABELS, Score
 
 _GROUP = re.compile(r"^eval/(?P<set>[A-Za-z0-9_-]+)/v(?P<version>\d+)$")
 
@@ -63,7 +65,6 @@ class _Round:
 class EvalCollector:
     """The preprocessor's side: scores eval sequences and closes each round into one record."""
 
-    problems: dict[str, Problem]
     samples: int
     rounds: dict[str, _Round] = field(default_factory=dict)
 

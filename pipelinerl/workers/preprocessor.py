@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from collections import Counter, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -40,10 +40,18 @@ from pipelinerl.platform.checkpoint import starting_version
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.transport import Receiver
-from pipelinerl.platform.wire import Rollout, Shutdown, TrainBatch, TrainSequence, WeightUpdate
+from pipelinerl.platform.wire import (
+    Rollout,
+    Shutdown,
+    TrainBatch,
+    TrainSequence,
+    WeightUpdate,
+    impossible_values,
+)
 from pipelinerl.rl import leave_one_out_advantages, pack_micro_batches
 from pipelinerl.tasks import build_task
 from pipelinerl.tasks.base import LABELS, Problem, Score, Task, safe_score
+from pipelinerl.tasks.eval_sets import EvalSet, build_eval_sets
 from pipelinerl.workers.evaluation import EvalCollector, parse_eval_group_id
 
 logger = logging.getLogger("pipelinerl.preprocessor")
@@ -91,24 +99,38 @@ class BatchBuilder:
     max_lag: int | None = None  # a sequence with a token older than this at train time is dropped
     start_version: int = 0  # the version the first batch is trained at
     ranks: int = 1  # trainer ranks: batch i feeds optimizer step i // ranks
+    run_id: str | None = None  # rollouts of another run are rejected (None: not checked)
+    group_size: int | None = None  # train groups of another size are rejected (None: not checked)
+    max_incomplete_groups: int | None = None  # past it, the oldest incomplete group is dropped
     batches_made: int = 0
-    rejected: int = 0
+    rejected: int = 0  # rollouts refused at the boundary: impossible values, duplicates, unknown problems
+    evicted: OrderedDict[str, None] = field(default_factory=OrderedDict)  # recently dropped incomplete groups
     labels: Counter[str] = field(default_factory=Counter)  # scored rollouts by label, since the start
     dropped: Counter[str] = field(default_factory=Counter)  # samples dropped: "zero_variance", "stale"
 
-    def add(self, rollout: Rollout) -> list[TrainBatch]:
-        """Take one rollout; return the batches that became complete (usually none or one)."""
-        if rollout.rollout_id in self.seen:
-            self.rejected += 1
-            logger.warning("duplicate rollout %s rejected", rollout.rollout_id)
-            return []
-        if rollout.problem_id not in self.problems:
-            self.rejected += 1
-            logger.warning("rollout %s names unknown problem %s", rollout.rollout_id, rollout.problem_id)
+    def reject(self, rollout: Rollout, reason: str) -> None:
+        """Count and log a rollout refused at the stage boundary."""
+        self.rejected += 1
+        logger.warning("rollout %r rejected (%d so far): %s", rollout.rollout_id[:64], self.rejected, reason)
+
+    def check(self, rollout: Rollout, newest_version: int | None = None) -> str | None:
+        """Why ``rollout`` (of either split) cannot be used, or None: another run's, impossible values
+        (``wire.impossible_values``; tokens newer than ``newest_version``, the trainer's latest)."""
+        if self.run_id is not None and rollout.run_id != self.run_id:
+            return f"run id {rollout.run_id[:64]!r} is not this run's"
+        return impossible_values(rollout, newest_version=newest_version)
+
+    def add(self, rollout: Rollout, newest_version: int | None = None) -> list[TrainBatch]:
+        """Take one rollout; return the batches that became complete (usually none or one).
+
+        A rollout that cannot be used is rejected (counted, logged), never kept."""
+        if (reason := self.check(rollout, newest_version) or self._group_problem(rollout)) is not None:
+            self.reject(rollout, reason)
             return []
         self.seen.add(rollout.rollout_id)
         group = self.groups[rollout.group_id]
         group.append(rollout)
+        self._bound_incomplete_groups()
         if len(group) == rollout.group_size:
             del self.groups[rollout.group_id]
             self.ready.extend(self.score_group(group))
@@ -116,6 +138,41 @@ class BatchBuilder:
         while (sequences := self._take_batch()) is not None:
             batches.append(self.make_batch(sequences))
         return batches
+
+    def _group_problem(self, rollout: Rollout) -> str | None:
+        if rollout.rollout_id in self.seen:
+            return "duplicate rollout id"
+        if rollout.problem_id not in self.problems:
+            return f"unknown problem {rollout.problem_id[:64]!r}"
+        if self.group_size is not None and rollout.group_size != self.group_size:
+            return f"group size {rollout.group_size}, where this run's groups have {self.group_size}"
+        if rollout.group_id in self.evicted:
+            return "its group was dropped incomplete"
+        members = self.groups.get(rollout.group_id)
+        first = members[0] if members else None
+        if first and (first.group_size, first.problem_id) != (rollout.group_size, rollout.problem_id):
+            return "its group's other members name another problem or group size"
+        return None
+
+    def _bound_incomplete_groups(self) -> None:
+        """Drop the oldest incomplete groups beyond ``max_incomplete_groups``: a group whose members
+        never all come (a lost actor, a stranger's rollouts) must not hold memory for ever."""
+        if self.max_incomplete_groups is None:
+            return
+        while len(self.groups) > self.max_incomplete_groups:
+            group_id, members = next(iter(self.groups.items()))
+            del self.groups[group_id]
+            self.dropped["incomplete_group"] += len(members)
+            self.evicted[group_id] = None
+            while len(self.evicted) > self.max_incomplete_groups:
+                self.evicted.popitem(last=False)
+            logger.warning(
+                "group %r dropped incomplete (%d of %d members): more than %d groups were incomplete",
+                group_id[:64],
+                len(members),
+                members[0].group_size,
+                self.max_incomplete_groups,
+            )
 
     def _take_batch(self) -> list[TrainSequence] | None:
         """The next batch's sequences, in arrival order, without those too stale for its step."""
@@ -208,25 +265,26 @@ class RoundBarrier:
 
 @dataclass
 class EvalScorer:
-    """Eval rollouts (``split="eval"``): scored, never trained, closed into one record per round."""
+    """Eval rollouts (``split="eval"``): scored, never trained, closed into one record per round and set."""
 
-    task: Task
-    problems: dict[str, Problem]
+    sets: dict[str, EvalSet]
     samples: int
     rejected: int = 0
 
     def __post_init__(self) -> None:
-        self.rounds = EvalCollector(self.problems, self.samples)
+        self.rounds = EvalCollector(self.samples)
 
     def add(self, rollout: Rollout) -> dict[str, Any] | None:
-        problem = self.problems.get(rollout.problem_id)
-        if problem is None or parse_eval_group_id(rollout.group_id) is None:
+        parsed = parse_eval_group_id(rollout.group_id)
+        eval_set = self.sets.get(parsed[0]) if parsed is not None else None
+        problem = eval_set.by_id.get(rollout.problem_id) if eval_set is not None else None
+        if eval_set is None or problem is None:
             self.rejected += 1
             logger.warning(
                 "eval rollout %s: unknown problem or round %s", rollout.rollout_id, rollout.group_id
             )
             return None
-        score = safe_score(self.task, problem, rollout.completion_text)
+        score = safe_score(eval_set.task, problem, rollout.completion_text)
         versions = rollout.token_versions
         mixed = len(versions) > 0 and int(versions.min()) != int(versions.max())
         return self.rounds.add(
@@ -281,6 +339,28 @@ class TrainerProgress:
         return False
 
 
+def incomplete_groups_bound(config: PipelineConfig) -> int:
+    """How many incomplete train groups the preprocessor keeps before dropping the oldest.
+
+    An actor submits a group's G samples together and keeps at most max(H, G) samples in flight, so
+    at most that many / G of its groups are incomplete here at once; four times that (rollouts in
+    the queues too), plus a margin, is never reached by the actors of a healthy run."""
+    in_flight = max(config.actor.max_in_flight, config.rl.group_size)
+    return 4 * config.actor.num_actors * -(-in_flight // config.rl.group_size) + 16
+
+
+def rejection_counts(builder: BatchBuilder, rollouts: Receiver, notices: Receiver) -> dict[str, int]:
+    """Everything this stage refused so far, as it goes into ``preprocessor.jsonl`` (running counts)."""
+    return {
+        "preprocessor/rejected": builder.rejected,
+        "preprocessor/malformed": rollouts.malformed_count + notices.malformed_count,
+        "preprocessor/peer_disconnects": rollouts.peer_disconnects,
+        "samples/dropped_stale": builder.dropped["stale"],
+        "samples/dropped_zero_variance": builder.dropped["zero_variance"],
+        "samples/dropped_incomplete_group": builder.dropped["incomplete_group"],
+    }
+
+
 def run(config: PipelineConfig, run_dir: Path) -> None:
     import zmq
 
@@ -290,8 +370,7 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
     problems = {p.problem_id: p for p in task.problems("train", config.task.train_problems, config.run.seed)}
     evals = None
     if config.eval.every:
-        held_out = task.problems("eval", config.task.eval_problems, config.run.seed)
-        evals = EvalScorer(task, {p.problem_id: p for p in held_out}, config.eval.samples)
+        evals = EvalScorer(build_eval_sets(config, task), config.eval.samples)
     builder = BatchBuilder(
         task=task,
         problems=problems,
@@ -308,6 +387,9 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
         max_lag=config.rl.max_lag,
         start_version=starting_version(config.run.resume_from),
         ranks=config.trainer.num_processes,
+        run_id=run_dir.name,
+        group_size=config.rl.group_size,
+        max_incomplete_groups=incomplete_groups_bound(config),
     )
     context = zmq.Context()
     transport = config.transport
@@ -320,6 +402,7 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
         high_water_mark=transport.queue_size,
         keys=keys,
         kernel_buffer_bytes=transport.socket_buffer_kib * 1024,
+        max_message_bytes=transport.max_message_bytes,
     )
     # A small queue towards each trainer rank: when it is busy, rollouts back up to the actors.
     # Shard i of the stream goes to rank i % ranks, so every optimizer step trains B sequences.
@@ -334,10 +417,18 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
             high_water_mark=1,
             keys=keys,
             kernel_buffer_bytes=transport.socket_buffer_kib * 1024,
+            max_message_bytes=transport.max_message_bytes,
         )
         for rank in range(config.trainer.num_processes)
     ]
-    notices = Receiver(context, transport.address("weights"), "sub", bind=False, keys=keys)
+    notices = Receiver(
+        context,
+        transport.address("weights"),
+        "sub",
+        bind=False,
+        keys=keys,
+        max_message_bytes=transport.max_message_bytes,
+    )
     trainer = TrainerProgress(starting_version(config.run.resume_from), steps_ahead_allowed(config))
     barrier = RoundBarrier(batches_per_round(config))
     metrics = JsonlWriter(run_dir / "preprocessor.jsonl")
@@ -347,6 +438,13 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
             if trainer.read(notices):
                 return
             message = rollouts.recv(timeout_s=0.5)
+            if isinstance(message, Rollout) and builder.check(message, trainer.version) is not None:
+                # Tokens newer than the trainer's version may only mean its notice is still queued.
+                if trainer.read(notices):
+                    return
+                if (reason := builder.check(message, trainer.version)) is not None:
+                    builder.reject(message, reason)
+                    continue
             if isinstance(message, Rollout) and message.split == "eval":
                 if evals is None:
                     builder.rejected += 1
@@ -360,7 +458,7 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
                         record["pass@1"],
                     )
             elif isinstance(message, Rollout):
-                for batch in barrier.add(builder.add(message)):
+                for batch in barrier.add(builder.add(message, trainer.version)):
                     step = batch.batch_index // len(inboxes)  # the optimizer step it feeds
                     # Hold the batch (and so, upstream, the actors) until the trainer is close enough.
                     held_from = time.monotonic()
@@ -381,23 +479,19 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
                             "time": time.time(),
                             "queue/rollouts": builder.buffered,
                             "preprocessor/batches_built": builder.batches_made,
-                            "preprocessor/rejected": builder.rejected,
-                            "preprocessor/malformed": rollouts.malformed_count,
                             **{f"scores/{label}": builder.labels[label] for label in LABELS},
-                            "samples/dropped_stale": builder.dropped["stale"],
-                            "samples/dropped_zero_variance": builder.dropped["zero_variance"],
+                            **rejection_counts(builder, rollouts, notices),
                         }
                     )
             elif message is not None:
-                logger.warning("ignoring unexpected %s on the rollout socket", type(message).__name__)
+                builder.rejected += 1
+                logger.warning("rejected an unexpected %s on the rollout socket", type(message).__name__)
     finally:
         logger.info(
-            "preprocessor: %d batches, %d rejected rollouts, %d malformed frames, dropped %s, labels %s",
+            "preprocessor: %d batches, labels %s, rejections %s",
             builder.batches_made,
-            builder.rejected,
-            rollouts.malformed_count,
-            dict(builder.dropped),
             dict(builder.labels),
+            rejection_counts(builder, rollouts, notices),
         )
         for socket in (rollouts, notices, *inboxes):
             socket.close()

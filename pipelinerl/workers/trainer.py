@@ -35,14 +35,16 @@ from pipelinerl.platform.checkpoint import (
     write_info,
 )
 from pipelinerl.platform.config import PipelineConfig
-from pipelinerl.platform.wire import Shutdown, TrainBatch, WeightUpdate
+from pipelinerl.platform.wire import Shutdown, TrainBatch, WeightUpdate, impossible_values
 
 logger = logging.getLogger("pipelinerl.trainer")
 
 BATCH_WAIT_S = 1.0  # how long one receive waits before the loop checks its deadline again
 
 
-def deepspeed_config(config: PipelineConfig) -> dict[str, Any]:
+def deepspeed_config(config: PipelineConfig, bf16: bool = False) -> dict[str, Any]:
+    """DeepSpeed's settings for this run; ``bf16``: the model's weights are bfloat16 (``model.dtype``),
+    and DeepSpeed keeps float32 master weights for the optimizer."""
     trainer = config.trainer
     ds_config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 1,
@@ -57,6 +59,8 @@ def deepspeed_config(config: PipelineConfig) -> dict[str, Any]:
         "zero_optimization": {"stage": trainer.zero_stage},
         "steps_per_print": 10**9,
     }
+    if bf16:
+        ds_config["bf16"] = {"enabled": True}
     if trainer.warmup_steps:
         ds_config["scheduler"] = {
             "type": "WarmupLR",
@@ -73,6 +77,31 @@ def deepspeed_config(config: PipelineConfig) -> dict[str, Any]:
 def _version_span(sequence: Any) -> int:
     """How many policy versions wrote this sequence (2+: it was in flight during an update)."""
     return len(np.unique(np.asarray(sequence.token_versions)))
+
+
+def ess_metrics(
+    trainer_logprobs: np.ndarray, behaviour_logprobs: np.ndarray, is_cap: float | None
+) -> dict[str, float]:
+    """The step's two effective sample sizes, from log-probs (log space: no ratio overflows).
+
+    ``rl/ess``: of the raw ratios pi/mu; ``rl/ess_truncated``: of the truncated weights min(pi/mu, c) that
+    multiply the advantage in the truncated-IS loss (``is_cap`` = c; None for a loss without them). A
+    statistic that is undefined (a NaN log-prob) is left out and logged, never fatal."""
+    import torch
+
+    from pipelinerl.rl.ess import effective_sample_size_from_log_weights
+
+    log_ratio = torch.from_numpy(trainer_logprobs.astype(np.float64) - behaviour_logprobs.astype(np.float64))
+    logs = {"rl/ess": log_ratio}
+    if is_cap is not None:
+        logs["rl/ess_truncated"] = torch.clamp(log_ratio, max=float(np.log(is_cap)))
+    metrics = {}
+    for name, log_weights in logs.items():
+        try:
+            metrics[name] = effective_sample_size_from_log_weights(log_weights)
+        except ValueError as error:
+            logger.warning("%s left out of this step: %s", name, error)
+    return metrics
 
 
 def publishes_after(config: PipelineConfig, policy_version: int) -> bool:
@@ -97,7 +126,10 @@ class Trainer:
         self.model_path = model_path
         self.torch = torch
         torch.manual_seed(config.run.seed)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        from pipelinerl.platform.weights import policy_dtype
+
+        dtype = policy_dtype(config.model.dtype)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
         if config.model.lm_head_fp32:
             from pipelinerl.workers.engines.lm_head import float32_lm_head
 
@@ -108,7 +140,9 @@ class Trainer:
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend="gloo")
         self.engine, *_ = deepspeed.initialize(
-            model=model, model_parameters=model.parameters(), config=deepspeed_config(config)
+            model=model,
+            model_parameters=model.parameters(),
+            config=deepspeed_config(config, bf16=dtype == torch.bfloat16),
         )
         self.deepspeed = deepspeed
         self.policy_version = 0
@@ -124,12 +158,28 @@ class Trainer:
         keys = run_keys(transport.host, run_dir)
         # Each rank connects to the inbox the preprocessor binds for it.
         self.batches = Receiver(
-            self.zmq_context, transport.trainer_inbox(rank), "pull", bind=False, high_water_mark=1, keys=keys
+            self.zmq_context,
+            transport.trainer_inbox(rank),
+            "pull",
+            bind=False,
+            high_water_mark=1,
+            keys=keys,
+            max_message_bytes=transport.max_message_bytes,
         )
+        # Sequences refused at this boundary (wire.impossible_values) and other messages than batches.
+        self.rejected = 0
+        self.vocab_size = int(self.engine.module.get_input_embeddings().num_embeddings)
         self.notices: Sender | None = None
         self.weight_group: WeightGroup | None = None
         if rank == 0:
-            self.notices = Sender(self.zmq_context, transport.address("weights"), "pub", bind=True, keys=keys)
+            self.notices = Sender(
+                self.zmq_context,
+                transport.address("weights"),
+                "pub",
+                bind=True,
+                keys=keys,
+                max_message_bytes=transport.max_message_bytes,
+            )
             self.weight_group = WeightGroup(
                 transport.host, transport.port("weight_group"), 0, config.weight_group_size()
             )
@@ -183,6 +233,8 @@ class Trainer:
                 wait_s = time.perf_counter() - wait_started
                 record = self._train_step(batch)
                 record["trainer/wait_s"] = wait_s
+                record["trainer/rejected"] = self.rejected
+                record["trainer/malformed"] = self.batches.malformed_count
                 record["time"] = time.time()
                 record["wall_s"] = time.time() - started
                 if publishes_after(config, self.policy_version):
@@ -201,16 +253,53 @@ class Trainer:
         while time.time() - started < self.config.run.max_wall_s:
             message = self.batches.recv(timeout_s=BATCH_WAIT_S)
             if isinstance(message, TrainBatch):
-                return message
+                batch = self.admissible(message)
+                if batch.sequences or self.torch.distributed.get_world_size() > 1:
+                    return batch  # ranks step together, one cannot skip alone (docs/reliability.md)
+                logger.warning("batch %d: no sequence left to train; skipped", batch.batch_index)
+                continue
             if isinstance(message, Shutdown):
                 logger.info("shutdown requested: %s", message.reason)
                 return None
             if message is not None:
-                logger.warning("ignoring unexpected %s on the batch socket", type(message).__name__)
+                self.rejected += 1
+                logger.warning("rejected an unexpected %s on the batch socket", type(message).__name__)
         return None
 
+    def admissible(self, batch: TrainBatch) -> TrainBatch:
+        """``batch`` without the sequences this trainer cannot train (counted in ``rejected``): token ids
+        outside its vocabulary, tokens from a policy newer than its own, non-finite numbers. Such a
+        sequence would fail the embedding lookup or turn the loss, and then the weights, into NaN."""
+        kept = []
+        for sequence in batch.sequences:
+            reason = impossible_values(
+                sequence, newest_version=self.policy_version, vocab_size=self.vocab_size
+            )
+            if reason is None:
+                kept.append(sequence)
+                continue
+            self.rejected += 1
+            logger.warning(
+                "batch %d: rejected sequence %r (%d so far): %s",
+                batch.batch_index,
+                sequence.rollout_id[:64],
+                self.rejected,
+                reason,
+            )
+        if len(kept) == len(batch.sequences):
+            return batch
+        index = {id(sequence): i for i, sequence in enumerate(kept)}
+        old = batch.sequences
+        micro_batches = [[index[id(old[i])] for i in mb if id(old[i]) in index] for mb in batch.micro_batches]
+        return TrainBatch(
+            batch_index=batch.batch_index,
+            sequences=kept,
+            micro_batches=[mb for mb in micro_batches if mb],
+            created_at=batch.created_at,
+        )
+
     def _train_step(self, batch: TrainBatch) -> dict[str, Any]:
-        from pipelinerl.rl import behaviour_mismatch, effective_sample_size, lag_statistics, token_lags
+        from pipelinerl.rl import behaviour_mismatch, lag_statistics, token_lags
         from pipelinerl.workers.policy_step import concat_records, micro_batch_loss
 
         torch = self.torch
@@ -283,7 +372,11 @@ class Trainer:
             "trained_at_version": trained_at,
             "rl/loss": float(np.mean([part[4] for part in parts])),
             "rl/reward_mean": float(rewards.mean()),
-            "rl/ess": effective_sample_size(torch.from_numpy(tokens.ratio)),
+            **ess_metrics(
+                tokens.trainer_logprobs,
+                tokens.behaviour_logprobs,
+                config.rl.is_cap if config.rl.loss == "truncated_is" else None,
+            ),
             "rl/clipped_fraction": float(np.mean(clipped)),
             "lag/mean": lag.mean,
             "lag/p50": lag.p50,
@@ -298,6 +391,10 @@ class Trainer:
             "tokens/trained": self.tokens_trained,
             "inflight_sequences": sum(1 for span in spans if span > 1),
             "completion_len_mean": float(np.mean(lengths)),
+            # The step's completion-length distribution (long tails are what in-flight updates win on).
+            "completion_len_p50": float(np.percentile(lengths, 50)),
+            "completion_len_p90": float(np.percentile(lengths, 90)),
+            "completion_len_max": int(np.max(lengths)),
             "trainer/step_s": time.perf_counter() - step_started,
             "micro_batches": len(micro_batches),
             # (rollout id, oldest version that wrote it): the tracking owner fills the rollout ledger.

@@ -48,8 +48,12 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
     ):
         assert key in record, key
     assert 0.0 < record["ess_mean_pipeline"] <= 1.0
-    assert record["target_success"] == pytest.approx(record["start_success"] + 0.10)
+    # One seed here: its own start plus the gain, measured by its runs.
+    (start,) = record["start_success_by_seed"].values()
+    assert record["target_success"] == pytest.approx(start + 0.10)
+    assert record["target_success_by_seed"] == {"0": pytest.approx(start + 0.10)}
     assert "speedup_vs_conventional_g2_strict" in record
+    assert len(record["speedup_vs_conventional_g2_per_seed"]) == 1
     rows = {row["variant"]: row for row in record["variants"]}
     assert set(rows) == {"pipeline", "conventional_g2", "conventional_g2_strict"}
     for row in rows.values():  # the numbers behind the paper's claims
@@ -66,6 +70,32 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
     paper_figure = tmp_path / "learning-paper.png"
     assert record["paper_figure"] == str(paper_figure)
     assert paper_figure.stat().st_size > 20_000, "the paper's four panels beside the record"
+
+    # The record summarised again from its measured curves with another gain, without running.
+    again_out = tmp_path / "again.json"
+    resummarised = subprocess.run(
+        [
+            command[0],
+            "bench",
+            "learning",
+            "--from-record",
+            str(out),
+            "--target-gain",
+            "0.0",
+            "--out",
+            str(again_out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert resummarised.returncode == 0, resummarised.stdout[-3000:] + resummarised.stderr[-3000:]
+    again_record = json.loads(again_out.read_text())
+    assert again_record["target_gain"] == 0.0
+    assert [r["points"] for r in again_record["runs"]] == [r["points"] for r in record["runs"]]
+    assert all(row["time_to_target_s_per_seed"] == [0.0] for row in again_record["variants"]), (
+        "start = target"
+    )
 
     # The same figure drawn again from the runs' directories, without re-running them.
     redrawn = tmp_path / "redrawn.png"

@@ -137,3 +137,85 @@ def test_held_out_evaluation_during_the_run_reaches_mlflow(tmp_path, random_mode
     history = client.get_metric_history(run_id, "eval/heldout/pass_at_1")
     assert sorted(point.step for point in history) == versions
     assert [e["policy_version"] for e in result.summary["eval_in_run"]] == versions
+
+
+def test_a_bfloat16_policy_trains_and_reaches_the_actor_with_two_eval_sets(tmp_path, qwen_style_model_dir):
+    """model.dtype=bfloat16 on CPU: DeepSpeed trains bf16 weights (float32 master copy), the actor's
+    engine loads and receives bf16, the saved policy is bf16; eval.sets adds a second named set, the
+    same generator with longer chains, evaluated through the engine beside the task's own."""
+    from safetensors import safe_open
+
+    config = config_for(
+        tmp_path,
+        qwen_style_model_dir,
+        "model.dtype=bfloat16",
+        "task.name=reasoning_gym",
+        'task.options={generator="chain_sum", params={min_terms=2, max_terms=2}}',
+        "eval.every=1",
+        "eval.sets={long_chains={params={min_terms=5, max_terms=5}}}",
+        "task.eval_problems=4",
+        "run.max_steps=4",
+    )
+    result = launch(config, run_id="bf16")
+    assert result.summary["final_policy_version"] == 4
+    weights = result.run_dir / "final" / "model.safetensors"
+    with safe_open(str(weights), framework="pt") as saved:
+        dtypes = {str(saved.get_slice(name).get_dtype()) for name in saved.keys()}  # noqa: SIM118
+    assert dtypes == {"BF16"}, dtypes
+    actor_log = (result.run_dir / "logs" / "actor0.log").read_text()
+    assert "transformers engine, bfloat16 weights" in actor_log
+    assert "weights v3 loaded in flight" in actor_log, actor_log[-2000:]
+    records = [json.loads(line) for line in (result.run_dir / "eval.jsonl").read_text().splitlines()]
+    by_set: dict[str, list[int]] = {}
+    for record in records:
+        by_set.setdefault(record["set"], []).append(record["policy_version"])
+        assert sum(record["labels"].values()) == config.task.eval_problems
+    # Rounds are due at v1, v2, v3 (the run may end before the last is written); each round submits
+    # both sets at the same version.
+    assert set(by_set) == {"heldout", "long_chains"}, by_set
+    assert set(by_set["heldout"]) & set(by_set["long_chains"]), by_set
+
+
+def test_the_embedded_model_warm_starts_on_a_reasoning_gym_task_and_trains(tmp_path):
+    """No model.path on a task other than arithmetic: the tiny model is warm-started on the generator's
+    reference answers (a few steps here), cached under the task's options, and the run trains on it."""
+    config = load_config(
+        None,
+        [
+            f"run.output_dir={tmp_path}",
+            f"run.home={tmp_path / 'home'}",
+            "run.max_steps=2",
+            "model.warmstart_max_steps=10",
+            "task.name=reasoning_gym",
+            'task.options={generator="spell_backward", params={min_word_len=3, max_word_len=5}}',
+            "task.train_problems=64",
+            "task.eval_problems=8",
+            "rl.group_size=4",
+            "rl.batch_size=8",
+            "actor.max_in_flight=8",
+            "actor.max_new_tokens=24",
+            f"transport.base_port={next(_next_port)}",
+        ],
+    )
+    result = launch(config, run_id="gym-embedded")
+    assert result.summary["final_policy_version"] == 2
+    (cached,) = (tmp_path / "home" / "warmstart").glob("reasoning_gym-tiny-*")
+    metadata = json.loads((cached / "warmstart.json").read_text())
+    assert metadata["settings"]["task_options"]["generator"] == "spell_backward"
+    assert metadata["settings"]["max_positions"] == 512
+    assert sum(scored_labels(result.run_dir).values()) >= 2 * config.rl.batch_size
+
+
+def test_a_task_the_embedded_model_cannot_learn_is_refused_before_any_process_starts(tmp_path):
+    too_long = load_config(
+        None,
+        [
+            f"run.output_dir={tmp_path}",
+            f"run.home={tmp_path / 'home'}",
+            "task.name=math",
+            "actor.max_new_tokens=600",
+        ],
+    )
+    with pytest.raises(ConfigError, match="more than its 512 positions"):
+        launch(too_long, run_id="too-long")
+    assert not (tmp_path / "too-long").exists()

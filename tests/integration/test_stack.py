@@ -61,8 +61,9 @@ def stack(tmp_path_factory):
     home = tmp_path_factory.mktemp("stack-home")
     prefect_port = free_ports(worker_port(23000), worker_port(24000), taken=_TAKEN)
     mlflow_port = free_ports(worker_port(23000), worker_port(24000), taken=_TAKEN)
+    ui_port = free_ports(worker_port(23000), worker_port(24000), taken=_TAKEN)
     started = time.monotonic()
-    state = up(home, prefect_port, mlflow_port)
+    state = up(home, prefect_port, mlflow_port, ui_port=ui_port)
     print(f"stack up in {time.monotonic() - started:.1f} s")
     yield state
     if state_path(state.home).exists():  # a test failed before test_down_stops_everything
@@ -185,7 +186,8 @@ def test_up_serves_prefect_mlflow_and_the_deployments(stack):
         assert json.loads(response.read()) is True
     with urllib.request.urlopen(f"{stack.mlflow_url}/health", timeout=10) as response:
         assert response.read().decode().strip() == "OK"
-    with urllib.request.urlopen(stack.prefect_ui_url, timeout=60) as response:
+    # The UI's first page can take minutes on a loaded 2-core machine (CI runs two test workers).
+    with urllib.request.urlopen(stack.prefect_ui_url, timeout=150) as response:
         assert response.status == 200, "the Prefect UI is served"
     saved = read_state(stack.home)
     assert saved is not None and saved.ready
@@ -195,7 +197,10 @@ def test_up_serves_prefect_mlflow_and_the_deployments(stack):
         "worker-actors",
         "worker-trainers",
         "worker-local",
+        "dashboard",
     }
+    with urllib.request.urlopen(f"{stack.dashboard_url}/api/runs", timeout=30) as response:
+        assert response.status == 200 and isinstance(json.loads(response.read()), (list, dict))
     assert saved.mlflow_store_uri == f"sqlite:///{stack.home / 'mlflow.db'}"
     assert (stack.home / "mlflow.db").exists()
 

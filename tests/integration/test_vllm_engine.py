@@ -160,8 +160,8 @@ class Driver:
         )
         return answer
 
-    def submit(self, requests: dict[str, list[int]]) -> None:
-        self.ask({"cmd": "submit", "requests": requests})
+    def submit(self, requests: dict[str, list[int]], greedy: bool = False) -> None:
+        self.ask({"cmd": "submit", "requests": requests, "greedy": greedy})
 
     def collect(self, n: int, timeout_s: float = 120) -> list[dict[str, Any]]:
         answer = self.ask({"cmd": "collect", "n": n, "timeout_s": timeout_s})
@@ -331,6 +331,26 @@ def test_continuous_batching_refills_slots_and_reports_tokens_per_s(driver, mode
         f"vLLM: {tokens} tokens in {elapsed:.2f} s = {tokens / elapsed:.0f} tokens/s "
         f"({MAX_IN_FLIGHT} in flight)"
     )
+
+
+def test_greedy_requests_take_the_argmax_beside_sampled_ones(driver, models):
+    """eval.greedy: a request submitted greedy is decoded at temperature 0 (the model's argmax at every
+    step) while the engine's other requests keep sampling at its temperature."""
+    version = driver.ask({"cmd": "status"})["policy_version"]
+    model = {0: models[0][1], 3: models[0][1]}[version]
+    prompt = [1, 40, 41, 33]
+    driver.submit({f"greedy{i}": prompt for i in range(3)}, greedy=True)
+    driver.submit({f"sampled{i}": prompt for i in range(3)})
+    sequences = {s["request_id"]: s for s in driver.collect(6, timeout_s=300)}
+    greedy = [sequences[f"greedy{i}"]["completion_token_ids"] for i in range(3)]
+    sampled = [sequences[f"sampled{i}"]["completion_token_ids"] for i in range(3)]
+    assert greedy[0] == greedy[1] == greedy[2]
+    with torch.no_grad():
+        expected = model.generate(
+            torch.tensor([prompt]), max_new_tokens=len(greedy[0]), do_sample=False, eos_token_id=EOS
+        )[0, len(prompt) :].tolist()
+    assert greedy[0] == expected
+    assert any(tokens != greedy[0] for tokens in sampled), "sampled requests are not all the argmax path"
 
 
 gpu = [

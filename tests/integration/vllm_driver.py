@@ -47,7 +47,7 @@ def main() -> None:
                 raise RuntimeError(f"{name!r} before 'start'")
             elif name == "submit":
                 for request_id, prompt in command["requests"].items():
-                    engine.submit(request_id, prompt)
+                    engine.submit(request_id, prompt, greedy=command.get("greedy", False))
             elif name == "update":
                 answer.update(update(engine, command))
             elif name == "collect":

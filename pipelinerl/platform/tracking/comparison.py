@@ -51,7 +51,9 @@ class ModeRow:
     mode: str
     time_to_target_s: float | None
     samples_to_target: int | None
-    speedup: float | None  # this run's time to target / the reference run's (> 1: the reference is faster)
+    # This run's time to target divided by the reference run's: 2.0 means it took twice as long as the
+    # reference (the reference was 2x faster); 1.0 for the reference itself.
+    time_vs_reference: float | None
     ess_mean: float
     lag_mean: float
     lag_max: int
@@ -68,7 +70,7 @@ def compare_runs(
     target: float | None = None,
     window: int = DEFAULT_WINDOW,
 ) -> tuple[float, list[ModeRow]]:
-    """The target used and one row per run; ``speedup`` is relative to the ``reference`` run."""
+    """The target used and one row per run; ``time_vs_reference`` is relative to the ``reference`` run."""
     if reference not in runs:
         raise ValueError(f"reference run {reference!r} is not one of {sorted(runs)}")
     goal = default_target(runs, window) if target is None else target
@@ -81,16 +83,16 @@ def compare_runs(
         samples = None
         if time_s is not None:
             samples = next(int(r["samples/trained"]) for r in records if float(r["wall_s"]) == time_s)
-        speedup = None
+        time_vs_reference = None
         if time_s is not None and reference_time:
-            speedup = time_s / reference_time
+            time_vs_reference = time_s / reference_time
         rows.append(
             ModeRow(
                 label=label,
                 mode=str(summary["mode"]),
                 time_to_target_s=time_s,
                 samples_to_target=samples,
-                speedup=speedup,
+                time_vs_reference=time_vs_reference,
                 ess_mean=float(summary["ess_mean"]),
                 lag_mean=float(summary["lag_mean"]),
                 lag_max=int(summary["lag_max"]),

@@ -59,7 +59,9 @@ MIGRATIONS_DIR = Path(__file__).resolve().parents[3] / "migrations"
 # Alembic's version table under its own name, so the platform tables can share a database with
 # MLflow's or Prefect's (each keeps its own ``alembic_version``).
 VERSION_TABLE = "pipelinerl_alembic_version"
-RUN_STATUSES = ("running", "finished", "failed", "killed")
+# crashed: the run's launcher stopped sending heartbeats while the run was running (a kill -9, a lost
+# node); set by whoever notices (``PlatformStore.mark_silent_runs_crashed``).
+RUN_STATUSES = ("running", "finished", "failed", "killed", "crashed")
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
 # Held (pg_advisory_xact_lock) while a migration runs, so that runs starting together on a fresh
 # PostgreSQL database migrate it once instead of racing; any constant unique to this schema works.
@@ -124,7 +126,7 @@ class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (
         CheckConstraint(
-            "status IN ('running', 'finished', 'failed', 'killed')",
+            "status IN ('running', 'finished', 'failed', 'killed', 'crashed')",
             name="ck_runs_status",
         ),
         Index("ix_runs_started_at", "started_at"),
@@ -138,9 +140,12 @@ class Run(Base):
     name: Mapped[str] = mapped_column(String(200), doc="experiment name (the MLflow experiment)")
     mode: Mapped[str] = mapped_column(String(32), doc="pipeline, conventional or async")
     config: Mapped[dict[str, Any]] = mapped_column(JSONDocument, doc="the resolved configuration")
-    status: Mapped[str] = mapped_column(String(16), doc="running, finished, failed or killed")
+    status: Mapped[str] = mapped_column(String(16), doc="running, finished, failed, killed or crashed")
     started_at: Mapped[datetime] = mapped_column(UTCDateTime())
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    heartbeat_at: Mapped[datetime | None] = mapped_column(
+        UTCDateTime(), doc="the launcher's latest sign of life while the run runs (every few seconds)"
+    )
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
     prefect_flow_run_id: Mapped[str | None] = mapped_column(String(64))
     parent_run_id: Mapped[str | None] = mapped_column(

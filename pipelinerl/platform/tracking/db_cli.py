@@ -161,13 +161,35 @@ def db_current(url: UrlOption = None, config: ConfigOption = None, set_: SetOpti
 @runs_app.command("list")
 def runs_list(
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Most runs to show, newest first.")] = 50,
+    silent_after: Annotated[
+        float,
+        typer.Option(
+            "--silent-after",
+            min=1.0,
+            help="Seconds without a heartbeat after which a running run counts as crashed.",
+        ),
+    ] = 120.0,
     url: UrlOption = None,
     config: ConfigOption = None,
     set_: SetOption = None,
 ) -> None:
-    """The most recent runs: status, duration, steps, final held-out success, MLflow run id."""
+    """The most recent runs: status, duration, steps, final held-out success, MLflow run id.
+
+    A run still marked running whose launcher stopped sending heartbeats (killed, its machine lost) is
+    marked crashed first, here and in MLflow."""
     with _store(_url(url, config, set_)) as store:
+        from pipelinerl.platform.tracking.db import utcnow
+
+        crashed = store.mark_silent_runs_crashed(utcnow(), silent_after)
         runs = store.list_runs(limit)
+    if crashed:
+        _end_in_mlflow(crashed, config, set_)
+        console.print(
+            f"marked {len(crashed)} run(s) crashed, silent for over {silent_after:g} s: "
+            + ", ".join(run.id for run in crashed),
+            highlight=False,
+            soft_wrap=True,
+        )
     if not runs:
         console.print("no runs recorded yet (pipelinerl run records each run here)")
         return
@@ -194,6 +216,24 @@ def runs_list(
             escape(run.mlflow_run_id or "—"),
         )
     _print_whole_rows(table)
+
+
+def _end_in_mlflow(runs: list[Any], config_path: Path | None, overrides: list[str] | None) -> None:
+    """End crashed runs' MLflow runs as FAILED where MLflow still shows them running (best effort: an
+    unreachable store is named and left as it is)."""
+    from pipelinerl.platform.config import load_config
+    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
+
+    try:
+        uri = mlflow_uri(load_config(config_path, overrides or []))
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        for run in runs:
+            if run.mlflow_run_id and client.get_run(run.mlflow_run_id).info.status == "RUNNING":
+                client.set_terminated(run.mlflow_run_id, "FAILED")
+    except Exception as error:  # a bad config (ConfigError) or MLflow's errors, which are of many types
+        console.print(f"[yellow]note:[/yellow] MLflow runs not ended: {escape(str(error))[:200]}")
 
 
 @runs_app.command("show")
@@ -281,5 +321,6 @@ def _duration(seconds: float) -> str:
 
 
 def _status(status: str) -> str:
-    colour = {"running": "cyan", "finished": "green", "failed": "red", "killed": "yellow"}.get(status)
+    colours = {"running": "cyan", "finished": "green", "failed": "red", "killed": "yellow", "crashed": "red"}
+    colour = colours.get(status)
     return f"[{colour}]{status}[/{colour}]" if colour else status

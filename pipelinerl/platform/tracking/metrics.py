@@ -11,12 +11,17 @@ METRICS = (
     "rl/loss",
     "rl/reward_mean",
     "rl/ess",
+    "rl/ess_truncated",
     "rl/clipped_fraction",
     "rl/behaviour_mismatch",
     "lag/mean",
     "lag/p50",
     "lag/p90",
     "lag/max",
+    "completion_len_mean",
+    "completion_len_p50",
+    "completion_len_p90",
+    "completion_len_max",
     "eval/success",
     "throughput/actor_tokens_per_s",
     "throughput/trainer_tokens_per_s",
@@ -29,6 +34,13 @@ METRICS = (
     "tokens/trained",
     "ledger/duplicates",
     "run/restarts",
+    # Refused input, running counts per stage (docs/reliability.md): damaged frames, impossible values.
+    "trainer/malformed",
+    "trainer/rejected",
+    "actor/malformed",
+    "preprocessor/malformed",
+    "preprocessor/rejected",
+    "preprocessor/peer_disconnects",
 )
 _TRAINER_KEYS = (
     "rl/loss",
@@ -43,8 +55,21 @@ _TRAINER_KEYS = (
     "samples/trained",
     "tokens/trained",
     "weights/broadcast_ms",
+    "rl/ess_truncated",
+    "completion_len_mean",
+    "completion_len_p50",
+    "completion_len_p90",
+    "completion_len_max",
+    "trainer/malformed",
+    "trainer/rejected",
 )
-_ACTOR_KEYS = ("throughput/actor_tokens_per_s", "actor/idle_fraction", "weights/update_pause_ms")
+_ACTOR_KEYS = (
+    "throughput/actor_tokens_per_s",
+    "actor/idle_fraction",
+    "weights/update_pause_ms",
+    "actor/malformed",
+)
+_PREPROCESSOR_COUNTS = ("preprocessor/malformed", "preprocessor/rejected", "preprocessor/peer_disconnects")
 
 
 # ----- pure mapping from stage records to metrics -----
@@ -68,9 +93,11 @@ def actor_metrics(record: Mapping[str, Any]) -> dict[str, float]:
 
 
 def preprocessor_metrics(record: Mapping[str, Any]) -> dict[str, float]:
-    """The rollout queue, the running counts of scored rollouts by label (``scores/correct``, ...) and of
-    samples dropped (``samples/dropped_stale``, ``samples/dropped_zero_variance``)."""
+    """The rollout queue, the running counts of scored rollouts by label (``scores/correct``, ...), of
+    samples dropped (``samples/dropped_stale``, ``samples/dropped_zero_variance``, ...) and of refused
+    input (``preprocessor/malformed``, ``preprocessor/rejected``, ``preprocessor/peer_disconnects``)."""
     metrics = {"queue/rollouts": float(record["queue/rollouts"])}
+    metrics.update({key: float(record[key]) for key in _PREPROCESSOR_COUNTS if key in record})
     metrics.update(
         {
             key: float(value)

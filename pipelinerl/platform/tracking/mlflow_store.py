@@ -42,6 +42,21 @@ def mlflow_uri(config: PipelineConfig) -> str:
     return f"sqlite:///{home / 'mlflow.db'}"
 
 
+# MLflow 3's UI opens a run in its GenAI (traces) view unless the link asks for the classic one, where
+# a training run's metrics, charts and artifacts are (the parameter as its 3.17 bundle reads it).
+MLFLOW_TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def mlflow_run_url(ui_url: str, experiment_id: str, run_id: str) -> str:
+    """The link to a run in MLflow's UI, opening its training view (metrics and charts)."""
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{MLFLOW_TRAINING_VIEW}"
+
+
+def mlflow_experiment_url(ui_url: str, experiment_id: str) -> str:
+    """The link to an experiment's runs in MLflow's UI, in its training view."""
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}?{MLFLOW_TRAINING_VIEW}"
+
+
 def artifact_root(config: PipelineConfig) -> str | None:
     """Where artifacts go for a local store (a server chooses its own): the platform home."""
     uri = mlflow_uri(config)
@@ -227,4 +242,4 @@ class CheckpointRecord:
     path: str
 
 
-MLFLOW_STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+MLFLOW_STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED", "crashed": "FAILED"}

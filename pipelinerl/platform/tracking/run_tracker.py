@@ -48,6 +48,7 @@ from pipelinerl.platform.tracking.mlflow_store import (
     param_items,
     run_tags,
 )
+from pipelinerl.platform.tracking.store import HEARTBEAT_S
 
 logger = logging.getLogger("pipelinerl.tracking")
 
@@ -64,6 +65,26 @@ class TrackedRun:
     # Policy-version fields that may arrive before the trainer's record of that version.
     versions: dict[int, dict[str, Any]] = field(default_factory=dict)
     pending: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+def unreachable(error: BaseException) -> bool:
+    """Whether a store error means the store could not be reached (a connection refused, reset or
+    timed out), rather than a store that answered and refused the write (permissions, a bad
+    artifact location): the two need different actions, so the warning says which."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = type(current).__name__
+        if isinstance(current, ConnectionError | TimeoutError) or any(
+            word in name for word in ("Connection", "Timeout", "MaxRetry")
+        ):
+            return True
+        text = str(current).lower()
+        if any(phrase in text for phrase in ("connection refused", "could not connect", "max retries")):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 class RunTracker:
@@ -120,7 +141,8 @@ class RunTracker:
         self.mlflow = MlflowStore(mlflow_uri(config), artifact_root(config))
         self.mlflow_run_id = self.mlflow.start_run(
             config.run.name,
-            self.run_id,
+            # A comparison's children are told apart in MLflow's chart view by what they are.
+            config.mode_label() if self.parent_mlflow_run_id else self.run_id,
             run_tags(config, model_path, self.prefect_flow_run_id),
             self.parent_mlflow_run_id,
         )
@@ -213,13 +235,25 @@ class RunTracker:
     # (the run goes on) and the next flush retries, in order; nothing is written twice.
 
     def _loop(self) -> None:
+        last_beat = time.monotonic()
         while not self._stop.wait(self.config.tracking.flush_interval_s):
+            if time.monotonic() - last_beat >= HEARTBEAT_S:
+                last_beat = time.monotonic()
+                self._beat()
             self._flush()
             every = self.config.tracking.figures_every
             newest = self.seen.trainer_records[-1]["policy_version"] if self.seen.trainer_records else 0
             if every and newest - self._last_figures_version >= every:
                 self._last_figures_version = newest
                 self._writes.append(self._log_figures)
+
+    def _beat(self) -> None:
+        """The run's heartbeat in the platform database (HEARTBEAT_S); a database that is down misses
+        beats, which the outage warning already reports, and the next beat catches up."""
+        try:
+            self.store.heartbeat(self.run_id, datetime.now(UTC))
+        except Exception as error:  # tracking must not take the run down
+            logger.debug("tracking: heartbeat not written (%s)", error)
 
     @property
     def outbox_size(self) -> int:
@@ -246,7 +280,8 @@ class RunTracker:
             self.failures += 1
             if not self._outage:
                 logger.warning(
-                    "tracking store unreachable (%s): %s; training goes on, %d items buffered",
+                    "%s (%s): %s; training goes on, %d items buffered",
+                    "tracking store unreachable" if unreachable(error) else "tracking store refused a write",
                     type(error).__name__,
                     str(error).splitlines()[0][:200] if str(error) else "",
                     self.outbox_size,

@@ -36,6 +36,10 @@ from pipelinerl.platform.tracking.db import (
 )
 
 FINISHED_STATUSES = tuple(status for status in RUN_STATUSES if status != "running")
+# A running run's launcher writes its heartbeat every HEARTBEAT_S; one silent for HEARTBEAT_STALE_S
+# (a kill -9, a lost node, a machine that slept) is marked crashed by whoever lists the runs.
+HEARTBEAT_S = 10.0
+HEARTBEAT_STALE_S = 120.0
 # Rows per INSERT statement: far below SQLite's 32,766 and PostgreSQL's 65,535 bound parameters.
 INSERT_CHUNK_ROWS = 1000
 # Most candidates an ambiguous run-id prefix names in its error.
@@ -73,6 +77,7 @@ class RunRow:
     parent_run_id: str | None
     summary: dict[str, Any] | None
     steps: int
+    heartbeat_at: datetime | None = None  # the launcher's latest sign of life (running runs)
 
     @property
     def duration_s(self) -> float:
@@ -167,6 +172,7 @@ class PlatformStore:
                     status="running",
                     started_at=started_at,
                     ended_at=None,
+                    heartbeat_at=started_at,
                     mlflow_run_id=mlflow_run_id,
                     prefect_flow_run_id=prefect_flow_run_id,
                     parent_run_id=parent_run_id,
@@ -186,6 +192,34 @@ class PlatformStore:
         if summary is not None:
             values["summary"] = dict(summary)
         self._update_run(run_id, values)
+
+    def heartbeat(self, run_id: str, at: datetime) -> None:
+        """The run's launcher is alive at ``at`` (only a running run's heartbeat moves)."""
+        with self._transaction() as session:
+            session.execute(
+                update(Run).where(Run.id == run_id, Run.status == "running").values(heartbeat_at=at)
+            )
+
+    def mark_silent_runs_crashed(
+        self, now: datetime, stale_after_s: float = HEARTBEAT_STALE_S
+    ) -> list[RunRow]:
+        """Runs still ``running`` whose heartbeat stopped more than ``stale_after_s`` before ``now``
+        become ``crashed``, ended at their last heartbeat; returns them (as they are now)."""
+        from datetime import timedelta
+
+        cutoff = now - timedelta(seconds=stale_after_s)
+        last_sign = func.coalesce(Run.heartbeat_at, Run.started_at)
+        with self._transaction() as session:
+            silent = session.scalars(select(Run).where(Run.status == "running", last_sign < cutoff)).all()
+            for run in silent:
+                run.status = "crashed"
+                run.ended_at = run.heartbeat_at or run.started_at
+            ids = [run.id for run in silent]
+        if not ids:
+            return []
+        with self._transaction() as session:
+            query = _runs_with_steps().where(Run.id.in_(ids)).order_by(Run.started_at)
+            return [_run_row(run, steps) for run, steps in session.execute(query).tuples()]
 
     def set_mlflow_run_id(self, run_id: str, mlflow_run_id: str) -> None:
         self._update_run(run_id, {"mlflow_run_id": mlflow_run_id})
@@ -435,6 +469,7 @@ def _run_row(run: Run, steps: int) -> RunRow:
         parent_run_id=run.parent_run_id,
         summary=None if run.summary is None else dict(run.summary),
         steps=int(steps),
+        heartbeat_at=run.heartbeat_at,
     )
 
 

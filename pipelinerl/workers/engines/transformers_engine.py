@@ -123,7 +123,11 @@ class TransformersEngine:
     def num_in_flight(self) -> int:
         return len(self._outstanding)
 
-    def submit(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
+    def submit(self, request_id: str, prompt_token_ids: Sequence[int], greedy: bool = False) -> None:
+        """Start writing a completion. ``greedy`` is refused: the continuous batch samples every request
+        at the engine's temperature (the config says so before a run starts: eval.greedy)."""
+        if greedy:
+            raise ValueError("the transformers engine cannot decode a request greedily; use the vllm engine")
         prompt = list(prompt_token_ids)
         with self._lock:
             self._outstanding[request_id] = (prompt, VersionSwitches(self.policy_version))

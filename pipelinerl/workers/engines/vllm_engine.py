@@ -130,9 +130,8 @@ class VLLMEngine:
         self.max_new_tokens = max_new_tokens
         self.policy_version = policy_version
         self.kv_cache_on_update: KvCacheOnUpdate = kv_cache_on_update
-        self._sampling = SamplingParams(
+        sampling: dict[str, Any] = dict(
             n=1,
-            temperature=temperature,
             top_p=1.0,
             top_k=0,
             max_tokens=max_new_tokens,
@@ -141,6 +140,8 @@ class VLLMEngine:
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
+        self._sampling = SamplingParams(temperature=temperature, **sampling)
+        self._greedy_sampling = SamplingParams(temperature=0.0, **sampling)  # evaluation (eval.greedy)
         max_model_len = max_prompt_tokens + max_new_tokens
         engine_args = AsyncEngineArgs(
             model=str(model_path),
@@ -216,21 +217,23 @@ class VLLMEngine:
     def num_in_flight(self) -> int:
         return len(self._outstanding)
 
-    def submit(self, request_id: str, prompt_token_ids: Sequence[int]) -> None:
+    def submit(self, request_id: str, prompt_token_ids: Sequence[int], greedy: bool = False) -> None:
+        """Start writing a completion; ``greedy``: at temperature 0 (evaluation) instead of the engine's."""
         prompt = list(prompt_token_ids)
+        sampling = self._greedy_sampling if greedy else self._sampling
         self._outstanding.add(request_id)
-        self._loop.call_soon_threadsafe(self._start_request, request_id, prompt)
+        self._loop.call_soon_threadsafe(self._start_request, request_id, prompt, sampling)
 
-    def _start_request(self, request_id: str, prompt: list[int]) -> None:
-        task = self._loop.create_task(self._generate(request_id, prompt))
+    def _start_request(self, request_id: str, prompt: list[int], sampling: Any) -> None:
+        task = self._loop.create_task(self._generate(request_id, prompt, sampling))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _generate(self, request_id: str, prompt: list[int]) -> None:
+    async def _generate(self, request_id: str, prompt: list[int], sampling: Any) -> None:
         try:
             final = None
             async for output in self._engine.generate(
-                {"prompt_token_ids": prompt}, self._sampling, request_id=request_id
+                {"prompt_token_ids": prompt}, sampling, request_id=request_id
             ):
                 final = output
             if final is None or not final.finished:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -161,7 +162,7 @@ def result(label: str, seed: int, ttt: float | None, ess: float) -> VariantResul
         label=label,
         seed=seed,
         run_dir="runs/x",
-        points=[],
+        points=[(0.0, 0, 0.3)],
         time_to_target_s=ttt,
         ess_mean=ess,
         ess_min=ess - 0.01,
@@ -177,22 +178,41 @@ def result(label: str, seed: int, ttt: float | None, ess: float) -> VariantResul
     )
 
 
-def test_summary_takes_medians_over_seeds_and_names_the_headline_keys():
+def test_summary_takes_medians_of_per_seed_ratios_and_names_the_headline_keys():
     results = [
         result("pipeline", 0, 40.0, 0.99),
         result("pipeline", 1, 60.0, 0.97),
+        result("pipeline", 2, 50.0, 0.98),
         result("conventional_g8", 0, 100.0, 1.0),
-        result("conventional_g8", 1, 140.0, 1.0),
+        result("conventional_g8", 1, 60.0, 1.0),
+        result("conventional_g8", 2, 75.0, 1.0),
     ]
-    report = summarize_bench(results, 0.3, 0.4, ["pipeline", "conventional_g8"])
+    report = summarize_bench(results, 0.1, ["pipeline", "conventional_g8"])
     headline = report["headline"]
-    assert headline["speedup_vs_conventional_g8"] == pytest.approx(120.0 / 50.0)
+    # Per seed: 100/40 = 2.5, 60/60 = 1.0, 75/50 = 1.5; the median of the ratios, with all three.
+    assert headline["speedup_vs_conventional_g8"] == pytest.approx(1.5)
+    assert headline["speedup_vs_conventional_g8_per_seed"] == pytest.approx([2.5, 1.0, 1.5])
+    assert headline["start_success_by_seed"] == {"0": 0.3, "1": 0.3, "2": 0.3}
+    assert headline["target_success_by_seed"]["1"] == pytest.approx(0.4)
     assert headline["ess_mean_pipeline"] == pytest.approx(0.98)
     assert headline["ess_mean_conventional_g8"] == 1.0
     rows = {row["variant"]: row for row in report["details"]["variants"]}
-    assert rows["conventional_g8"]["time_to_target_s_per_seed"] == [100.0, 140.0]
+    assert rows["conventional_g8"]["time_to_target_s_per_seed"] == [100.0, 60.0, 75.0]
     # A seed that never reached the target leaves the median undefined rather than optimistic.
     partial = summarize_bench(
-        [*results[:3], result("conventional_g8", 1, None, 1.0)], 0.3, 0.4, ["pipeline", "conventional_g8"]
+        [*results[:5], result("conventional_g8", 2, None, 1.0)], 0.1, ["pipeline", "conventional_g8"]
     )
     assert partial["headline"]["speedup_vs_conventional_g8"] is None
+
+
+def test_each_seed_is_timed_to_its_own_start_plus_the_gain():
+    from pipelinerl.bench.learning import results_from_record, retarget
+
+    low = dataclasses.replace(
+        result("pipeline", 1, None, 1.0), points=[(0.0, 0, 0.33), (10.0, 320, 0.36), (20.0, 640, 0.40)]
+    )
+    high = dataclasses.replace(
+        result("pipeline", 0, None, 1.0), points=[(0.0, 0, 0.49), (10.0, 320, 0.52), (30.0, 960, 0.56)]
+    )
+    timed = retarget(results_from_record({"runs": [dataclasses.asdict(low), dataclasses.asdict(high)]}), 0.06)
+    assert [r.time_to_target_s for r in timed] == [20.0, 30.0]  # 0.39 for seed 1, 0.55 for seed 0

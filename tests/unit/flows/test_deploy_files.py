@@ -393,3 +393,26 @@ def test_cluster_guide_names_the_templates_and_the_transport_ports():
     assert f"`transport.base_port` ({TransportConfig().base_port}) + 0" in text
     assert f"+ {len(PORTS)} + r" in text, "trainer inboxes follow the fixed ports"
     assert "docker compose up" in text
+
+
+def test_compose_has_a_worker_for_the_launch_pool_the_run_deployments_use(compose):
+    from pipelinerl.flows.deploy import LAUNCH_POOL
+
+    launchers = [
+        name
+        for name, service in compose["services"].items()
+        if _command(service)[-4:] == ["--pool", LAUNCH_POOL, "--type", "process"]
+    ]
+    assert launchers == ["launch-worker"], launchers
+    service = compose["services"]["launch-worker"]
+    assert compose["x-pipelinerl-env"].items() <= _environment(service).items()
+    assert "deploy" not in service, "a launcher needs no GPU"
+
+
+def test_compose_serves_the_dashboard_read_only_on_the_bind_address(compose):
+    service = compose["services"]["dashboard"]
+    command = _command(service)
+    assert command[:2] == ["pipelinerl", "ui"] and command[command.index("--host") + 1] == "0.0.0.0"
+    assert service["ports"] == ["${PIPELINERL_BIND:-127.0.0.1}:8300:8300"]
+    assert all(volume.endswith(":ro") for volume in service["volumes"]), "the dashboard only reads"
+    assert compose["x-pipelinerl-env"].items() <= _environment(service).items()

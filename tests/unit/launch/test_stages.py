@@ -131,3 +131,17 @@ def test_a_pinned_stage_runs_on_its_core(tmp_path: Path):
     stage.start(cwd=tmp_path)
     assert stage.process is not None and stage.process.wait(timeout=30) == 0
     assert stage.log_path.read_text().strip() == f"[{core}]"
+
+
+def test_the_stall_watch_counts_from_the_last_new_version_and_names_it():
+    from pipelinerl.launch.stages import StallWatch
+
+    watch = StallWatch(timeout_s=60, started=1000.0)
+    assert watch.stalled_for(1059.0) is None
+    assert watch.stalled_for(1061.0) == 61.0
+    assert "since the stages started" in watch.describe(61.0)
+    watch.observe(3, 1050.0)
+    watch.observe(3, 1100.0)  # the same version again is no progress
+    assert watch.stalled_for(1100.0) is None and watch.stalled_for(1111.0) == 61.0
+    assert "no optimizer step for 61 s since policy version 3" in watch.describe(61.0)
+    assert StallWatch(timeout_s=0, started=0.0).stalled_for(10**9) is None

@@ -37,3 +37,26 @@ def test_overrides_are_validated_and_concurrent_points_get_their_own_ports():
     (point,) = sweep_points(config, [{"rl.batch_size": 16}])
     assert point_config(config, point, 0).transport.base_port == config.transport.base_port
     assert point_config(config, point, 2).transport.base_port == config.transport.base_port + 2 * PORT_BLOCK
+
+
+def test_points_running_at_once_never_share_a_block_of_ports():
+    """Point 1 ends first while point 0 still runs: point 2 must take point 1's block, not point 0's."""
+    import threading
+
+    from pipelinerl.launch.sweep import PortSlots
+
+    slots = PortSlots(2)
+    first, second = slots.taken(), slots.taken()
+    held = [first.__enter__(), second.__enter__()]
+    assert sorted(held) == [0, 1]
+    second.__exit__(None, None, None)  # the point in slot held[1] ended
+    with slots.taken() as third:
+        assert third == held[1] != held[0]
+        waiting: list[int] = []
+        late = threading.Thread(target=lambda: waiting.append(slots.taken().__enter__()))
+        late.start()
+        late.join(timeout=0.2)
+        assert late.is_alive() and not waiting, "no free block: the next point waits"
+        first.__exit__(None, None, None)
+        late.join(timeout=5)
+        assert waiting == [held[0]]

@@ -118,3 +118,18 @@ def test_weight_group_ranks_count_every_engine_worker(overrides, size, first_ran
 def test_tensor_parallelism_needs_the_vllm_engine():
     with pytest.raises(ConfigError, match=r"actor.tensor_parallel_size=2 needs actor.engine='vllm'"):
         load_config(None, ["actor.tensor_parallel_size=2"])
+
+
+def test_model_dtype_auto_is_bfloat16_on_a_gpu_and_float32_on_cpu():
+    import torch
+
+    from pipelinerl.platform.weights import policy_dtype, policy_dtype_name
+    from pipelinerl.workers.trainer import deepspeed_config
+
+    assert policy_dtype_name("auto", cuda=True) == "bfloat16"
+    assert policy_dtype_name("auto", cuda=False) == "float32"
+    assert policy_dtype("bfloat16", cuda=False) == torch.bfloat16  # asked for: kept, even on CPU
+    assert policy_dtype("float32", cuda=True) == torch.float32
+    config = load_config(None, ["model.dtype=bfloat16"])
+    assert deepspeed_config(config, bf16=True)["bf16"] == {"enabled": True}
+    assert "bf16" not in deepspeed_config(config)

@@ -396,3 +396,14 @@ def test_bad_calls(task: MathTask) -> None:
         task.problems("train", -1, seed=0)
     with pytest.raises(ValueError, match="not in the math dataset 'shipped'"):
         task.reference_completion(problem("1"))
+
+
+def test_a_generated_dataset_extends_the_shipped_set_in_memory():
+    task = get_task("math", dataset="generated:2000")
+    shipped = get_task("math")
+    train, held_out = task.problems("train", 5000, 0), task.problems("eval", 5000, 0)
+    assert len(train) + len(held_out) == 2000
+    assert {p.problem_id for p in shipped.problems("eval", 500, 0)} <= {p.problem_id for p in held_out}
+    for bad in ("generated:0", "generated:many", "generated:999999999"):
+        with pytest.raises(TaskError, match="generated:<count>"):
+            get_task("math", dataset=bad)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from pipelinerl.platform.tracking.metrics import eval_metrics
-from pipelinerl.tasks import Problem, Score
+from pipelinerl.tasks import Score
 from pipelinerl.workers.evaluation import (
     EvalCollector,
     EvalSchedule,
@@ -42,8 +42,7 @@ def test_pass_at_k_is_the_unbiased_estimate() -> None:
 
 
 def test_a_round_closes_when_its_last_sequence_arrives() -> None:
-    problems = {pid: Problem(pid, "q", "a") for pid in ("p1", "p2")}
-    collector = EvalCollector(problems, samples=2)
+    collector = EvalCollector(samples=2)
     group = eval_group_id("heldout", 4)
     arrivals = [("p1", RIGHT, 10, False), ("p1", WRONG, 20, True), ("p2", NONE, 30, False)]
     assert all(collector.add(group, 4, *arrival) is None for arrival in arrivals)

@@ -55,7 +55,7 @@ def test_default_target_is_what_every_run_reached():
     assert default_target(runs, window=1) == 0.5
 
 
-def test_speedup_is_relative_to_the_reference():
+def test_time_vs_reference_is_relative_to_the_reference():
     runs = {"pipeline": curve([0.2, 0.6, 0.8], 1.0), "conventional": curve([0.2, 0.4, 0.6, 0.7], 3.0)}
     target, rows = compare_runs(
         runs,
@@ -66,13 +66,13 @@ def test_speedup_is_relative_to_the_reference():
     )
     assert target == 0.6
     by_label = {row.label: row for row in rows}
-    assert by_label["pipeline"].time_to_target_s == 2.0 and by_label["pipeline"].speedup == 1.0
+    assert by_label["pipeline"].time_to_target_s == 2.0 and by_label["pipeline"].time_vs_reference == 1.0
     assert by_label["conventional"].time_to_target_s == 9.0
     assert by_label["conventional"].samples_to_target == 24
-    assert by_label["conventional"].speedup == 4.5
+    assert by_label["conventional"].time_vs_reference == 4.5
 
 
-def test_a_run_that_never_reaches_the_target_has_no_speedup():
+def test_a_run_that_never_reaches_the_target_has_no_time_vs_reference():
     runs = {"pipeline": curve([0.9], 1.0), "conventional": curve([0.1], 1.0)}
     _, rows = compare_runs(
         runs,
@@ -81,6 +81,6 @@ def test_a_run_that_never_reaches_the_target_has_no_speedup():
         target=0.5,
         window=1,
     )
-    assert rows[1].time_to_target_s is None and rows[1].speedup is None
+    assert rows[1].time_to_target_s is None and rows[1].time_vs_reference is None
     with pytest.raises(ValueError, match="reference run 'async'"):
         compare_runs(runs, {}, reference="async")

@@ -225,3 +225,21 @@ def test_urls_are_checked(tmp_path: Path) -> None:
     with pytest.raises(PlatformDatabaseError, match="cannot use the platform database") as missing_dir:
         PlatformStore(f"sqlite:///{tmp_path}/no/such/dir/platform.db")
     assert "secret" not in str(missing_dir.value)
+
+
+def test_a_run_whose_heartbeat_stopped_is_marked_crashed_at_its_last_beat(store: PlatformStore) -> None:
+    silent = create(store, "silent-run")
+    alive = create(store, "alive-run")
+    done = create(store, "done-run")
+    store.finish_run(done, "finished", STARTED + timedelta(minutes=1))
+    store.heartbeat(silent, STARTED + timedelta(minutes=5))
+    store.heartbeat(alive, STARTED + timedelta(minutes=9))
+    now = STARTED + timedelta(minutes=10)
+    crashed = store.mark_silent_runs_crashed(now, stale_after_s=120)
+    assert [run.id for run in crashed] == [silent]
+    assert crashed[0].status == "crashed" and crashed[0].ended_at == STARTED + timedelta(minutes=5)
+    statuses = {run.id: run.status for run in store.list_runs()}
+    assert statuses == {silent: "crashed", alive: "running", done: "finished"}
+    assert store.mark_silent_runs_crashed(now, stale_after_s=120) == []  # once
+    store.heartbeat(silent, now)  # a late beat does not bring a crashed run back
+    assert store.get_run(silent).run.status == "crashed"

@@ -1,0 +1,97 @@
+"""What the dashboard reads from a run's directory: the per-step records the database does not keep.
+
+The platform database stores each step's lag summary and histogram, but not the trainer's lag by
+token position (``lag/by_position``, the paper's heat map) nor the count of sequences written by
+two or more policy versions (``inflight_sequences``); MLflow does not have them either. They are in
+the trainer's ``metrics.jsonl``. Likewise the preprocessor's ``preprocessor.jsonl`` is the only
+place that says how many batches wait ahead of the trainer. Those files are read here, read-only,
+and incrementally: a poll reads only the bytes appended since the last one.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Keys of a trainer record kept in memory (a record also holds the rollout ids of its step).
+TRAINER_KEYS = ("policy_version", "lag/by_position", "lag/position_bucket_size", "inflight_sequences", "time")
+PREPROCESSOR_KEYS = ("step", "trainer_version", "queue/rollouts", "preprocessor/held_s", "time")
+
+
+def run_directory(config: dict[str, Any], run_id: str, checkpoint_paths: list[str]) -> Path | None:
+    """Where the run wrote its files: ``run.output_dir/<id>`` from its stored configuration (a
+    relative ``output_dir`` is taken from the dashboard's working directory, as the launcher took it
+    from its own), else the run directory that holds one of its checkpoints; None if neither exists."""
+    output_dir = (config.get("run") or {}).get("output_dir")
+    candidates = [Path(str(output_dir)).expanduser() / run_id] if output_dir else []
+    candidates += [Path(path).parent.parent for path in checkpoint_paths if path]
+    for candidate in candidates:
+        if (candidate / "metrics.jsonl").is_file():
+            return candidate.resolve()
+    return None
+
+
+@dataclass
+class _Tail:
+    """The records of one JSON-lines file read so far, and where reading stopped."""
+
+    offset: int = 0
+    size_seen: int = 0
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+class RunFiles:
+    """Incremental, thread-safe readers of the JSON-lines files of run directories."""
+
+    def __init__(self, max_files: int = 64) -> None:
+        self._tails: dict[Path, _Tail] = {}
+        self._lock = threading.Lock()
+        self._max_files = max_files
+
+    def trainer_records(self, run_dir: Path) -> list[dict[str, Any]]:
+        """The trainer's records (only ``TRAINER_KEYS``), one per policy version, the first kept
+        where a restart wrote a version again (as the launcher does)."""
+        records = self._read(run_dir / "metrics.jsonl", TRAINER_KEYS)
+        seen: set[int] = set()
+        unique = []
+        for record in records:
+            version = record.get("policy_version")
+            if isinstance(version, int) and version not in seen:
+                seen.add(version)
+                unique.append(record)
+        return unique
+
+    def preprocessor_records(self, run_dir: Path) -> list[dict[str, Any]]:
+        return self._read(run_dir / "preprocessor.jsonl", PREPROCESSOR_KEYS)
+
+    def _read(self, path: Path, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+        with self._lock:
+            tail = self._tails.get(path)
+            if tail is None:
+                if len(self._tails) >= self._max_files:  # forget the oldest file read
+                    self._tails.pop(next(iter(self._tails)))
+                tail = self._tails[path] = _Tail()
+            try:
+                size = path.stat().st_size
+            except OSError:
+                return []
+            if size < tail.size_seen:  # the file was replaced: read it again
+                tail.offset, tail.records = 0, []
+            tail.size_seen = size
+            if size > tail.offset:
+                with path.open("rb") as file:
+                    file.seek(tail.offset)
+                    chunk = file.read(size - tail.offset)
+                complete = chunk.rfind(b"\n") + 1  # a line still being written waits for the next poll
+                for line in chunk[:complete].splitlines():
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(record, dict):
+                        tail.records.append({key: record[key] for key in keys if key in record})
+                tail.offset += complete
+            return list(tail.records)

@@ -1,0 +1,401 @@
+"""Reliability against damaged input, for each kind of receiving socket and for a live run, and of a
+run's shutdown (issue 15, wire part).
+
+Socket-level tests drive the platform's ``Receiver`` over real ZeroMQ with a stranger's frames. Runs go
+through ``launch`` as ``pipelinerl run`` does, with a small random model. What a stage did is read from
+what it wrote (its log, its JSON-lines records), never from timings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import re
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import psutil
+import pytest
+import zmq
+
+from pipelinerl.launch.launcher import launch
+from pipelinerl.platform.config import load_config
+from pipelinerl.platform.transport import MessageTooLarge, Receiver, Sender
+from pipelinerl.platform.wire import Rollout, Shutdown, TrainBatch, WeightUpdate, encode
+from tests.conftest import worker_port
+from tests.unit.platform.test_wire_fuzz import mutate
+
+_next_port = iter(range(worker_port(27500), worker_port(27700), 20))
+
+# The line an actor logs as its last when ``Actor.run`` returns; a stage the launcher had to
+# SIGTERM or SIGKILL after its grace period never writes it.
+ACTOR_CLOSING_LINE = re.compile(r"actor 0: \d+ tokens, \d+ updates")
+
+
+def small_config(tmp_path: Path, model_dir: Path, *overrides: str):
+    return load_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            f"run.output_dir={tmp_path}",
+            f"run.home={tmp_path / 'home'}",
+            "run.max_steps=4",
+            "rl.group_size=4",
+            "rl.batch_size=16",
+            "actor.max_in_flight=16",
+            "task.eval_problems=16",
+            f"transport.base_port={next(_next_port)}",
+            *overrides,
+        ],
+    )
+
+
+@pytest.mark.slow
+def test_a_conventional_run_actor_stops_on_shutdown_while_waiting_for_weights(tmp_path, random_model_dir):
+    """Rounds of two steps, generated before they are trained (``train_during_round=false``), three
+    steps in all: the trainer takes step 3 only once the actor has generated the whole second round
+    and waits for its weights, which never come (the run ends inside the round). So the actor is
+    waiting when the trainer's Shutdown arrives; it must wake and exit on its own, not be killed by
+    the launcher after its grace period."""
+    config = small_config(
+        tmp_path,
+        random_model_dir,
+        "run.mode=conventional",
+        "run.steps_per_round=2",
+        "run.train_during_round=false",
+        "run.max_steps=3",
+    )
+    result = launch(config, run_id="conventional-stop")
+    assert result.summary["steps"] == 3
+    log = (result.run_dir / "logs" / "actor0.log").read_text()
+    assert "shutdown: trainer finished" in log, log[-2000:]
+    assert ACTOR_CLOSING_LINE.search(log), f"the actor was killed, it did not exit:\n{log[-2000:]}"
+
+
+# ----- damaged frames -------------------------------------------------------------------------------
+
+
+def stranger_rollout(index: int, run_id: str = "stranger-run", **overrides) -> Rollout:
+    fields = dict(
+        rollout_id=f"stranger-{index}",
+        run_id=run_id,
+        group_id=f"stranger-group-{index}",
+        group_size=4,
+        problem_id="no-such-problem",
+        split="train",
+        actor_id=0,
+        prompt_token_ids=np.arange(1, 6, dtype=np.int32),
+        completion_token_ids=np.arange(7, 10, dtype=np.int32),
+        behaviour_logprobs=np.full(3, -0.5, dtype=np.float32),
+        token_versions=np.zeros(3, dtype=np.int32),
+        finished=True,
+        completion_text="A: 4",
+        created_at=0.0,
+    )
+    fields.update(overrides)
+    return Rollout(**fields)
+
+
+def wrong_schema_frames(rng: random.Random) -> list[bytes]:
+    """Valid msgpack, not a message this socket can use: another shape, or another message type."""
+    choice = rng.randrange(5)
+    if choice == 0:
+        return [msgspec.msgpack.encode({"type": "Rollout", "rollout_id": "x"})]  # fields missing
+    if choice == 1:
+        return [msgspec.msgpack.encode({"type": rng.choice(["Nope", "TrainSequence", ""]), "x": [1, 2]})]
+    if choice == 2:
+        return [msgspec.msgpack.encode(rng.choice([[1, 2, 3], "text", 3.5, None, {"a": {"b": {}}}]))]
+    if choice == 3:  # an array frame whose dtype is not the field's
+        header = msgspec.msgpack.decode(bytes(encode(stranger_rollout(0))[0]))
+        header["token_versions"] = ["float32", 3]
+        return [msgspec.msgpack.encode(header), *(bytes(f) for f in encode(stranger_rollout(0))[1:])]
+    message = rng.choice(
+        [
+            Shutdown(reason="stranger"),
+            WeightUpdate(
+                policy_version=99,
+                parameter_names=["x"],
+                parameter_shapes=[[10**9, 10**9]],
+                parameter_dtypes=["float32"],
+                samples_trained=0,
+                created_at=0.0,
+            ),
+            TrainBatch(batch_index=0, sequences=[], micro_batches=[], created_at=0.0),
+        ]
+    )
+    return [bytes(frame) for frame in encode(message)]
+
+
+def damaged_frames(count: int, seed: int) -> Iterator[tuple[str, list[bytes]]]:
+    """``count`` (kind, frames): damaged (bytes changed), truncated (cut or frames dropped), garbage, and
+    wrong-schema messages. Every one is refused by ``wire.decode`` or by a stage's checks (stranger
+    rollouts name another run and no known problem)."""
+    rng = random.Random(seed)
+    for index in range(count):
+        kind = ("damaged", "truncated", "garbage", "wrong_schema")[index % 4]
+        if kind == "wrong_schema":
+            yield kind, wrong_schema_frames(rng)
+            continue
+        frames = [bytes(frame) for frame in encode(stranger_rollout(index))]
+        if kind == "damaged":
+            frames = mutate(frames, rng)
+        elif kind == "truncated":
+            cut = rng.randrange(len(frames))  # the frame cut short; those after it are lost
+            frames = [*frames[:cut], frames[cut][: rng.randrange(len(frames[cut]))]]
+        else:
+            frames = [rng.randbytes(rng.randint(0, 256)) for _ in range(rng.randint(1, 5))]
+        yield kind, frames or [b""]  # ZeroMQ has no message of zero parts
+
+
+FRAMES_PER_SOCKET = 10_000
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def refused(message: object) -> bool:
+    """What a stage refuses besides what ``decode`` does: not a rollout of this run."""
+    return not isinstance(message, Rollout) or message.run_id != "run"
+
+
+@pytest.mark.parametrize("kind", ["pull-bound", "pull-connecting", "sub-connecting"])
+def test_each_kind_of_receiving_socket_survives_ten_thousand_damaged_frames(context, kind) -> None:
+    """The preprocessor's rollout PULL binds; the trainer's batch PULL and every SUB connect. A raw
+    peer of the right socket type sends 10,000 damaged frames with good rollouts among them: every
+    damaged one is counted (malformed, or refused by the stage's own check) and every good one arrives."""
+    port = worker_port(27690 + ["pull-bound", "pull-connecting", "sub-connecting"].index(kind))
+    address = f"tcp://127.0.0.1:{port}"
+    socket_kind = "sub" if kind.startswith("sub") else "pull"
+    peer = context.socket(zmq.PUB if socket_kind == "sub" else zmq.PUSH)
+    peer.setsockopt(zmq.SNDHWM, 0)
+    peer.setsockopt(zmq.LINGER, 0)
+    receiver_binds = kind == "pull-bound"
+    if not receiver_binds:
+        peer.bind(address)
+    receiver = Receiver(context, address, socket_kind, bind=receiver_binds, high_water_mark=100_000)
+    if receiver_binds:
+        peer.connect(address)
+    try:
+        good = [stranger_rollout(i, run_id="run") for i in range(100)]
+        if socket_kind == "sub":  # the slow joiner: wait until a message gets through
+            deadline = time.monotonic() + 10
+            while receiver.recv(timeout_s=0.1) is None and time.monotonic() < deadline:
+                peer.send_multipart(encode(Shutdown(reason="hello")))
+            while receiver.recv(timeout_s=0.2) is not None:
+                pass
+        sent = Counter()
+        for index, (damage, frames) in enumerate(damaged_frames(FRAMES_PER_SOCKET, seed=port)):
+            peer.send_multipart(frames)
+            sent[damage] += 1
+            if index % 100 == 0:
+                peer.send_multipart(encode(good[index // 100]))
+        received, other = [], 0
+        while (message := receiver.recv(timeout_s=2.0)) is not None:
+            if refused(message):
+                other += 1
+            else:
+                received.append(message)
+        assert [m.rollout_id for m in received] == [m.rollout_id for m in good]
+        assert receiver.malformed_count + other == FRAMES_PER_SOCKET, (receiver.malformed_count, other, sent)
+        assert receiver.malformed_count > FRAMES_PER_SOCKET // 2
+    finally:
+        receiver.close()
+        peer.close(linger=0)
+
+
+def test_an_oversized_part_is_refused_by_zeromq_and_counted_as_a_dropped_connection(context) -> None:
+    receiver = Receiver(context, "tcp://127.0.0.1:*", "pull", bind=True, max_message_bytes=2**20)
+    peer = context.socket(zmq.PUSH)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer.connect(receiver.address)
+    try:
+        peer.send_multipart([b"x" * (2**20 + 1)])
+        assert receiver.recv(timeout_s=1.0) is None
+        deadline = time.monotonic() + 10
+        while receiver.peer_disconnects == 0 and time.monotonic() < deadline:
+            receiver.recv(timeout_s=0.1)
+        assert receiver.peer_disconnects == 1
+        # ZeroMQ reconnects the peer: its next, good message arrives
+        peer.send_multipart(encode(Shutdown(reason="after")))
+        assert receiver.recv(timeout_s=10) == Shutdown(reason="after")
+    finally:
+        receiver.close()
+        peer.close(linger=0)
+
+
+def zmtp_push_announcing(size: int) -> bytes:
+    """A ZMTP 3.0 NULL handshake as a PUSH, then the start of one message part announcing ``size`` bytes."""
+    greeting = b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" * 32
+    ready = b"\x05READY" + b"\x0bSocket-Type" + (4).to_bytes(4, "big") + b"PUSH"
+    return greeting + b"\x04" + bytes([len(ready)]) + ready + b"\x02" + size.to_bytes(8, "big") + b"x" * 4096
+
+
+def test_a_part_announcing_a_gibibyte_is_refused_before_it_is_allocated(context) -> None:
+    receiver = Receiver(context, "tcp://127.0.0.1:*", "pull", bind=True, max_message_bytes=2**20)
+    host, port = receiver.address.removeprefix("tcp://").rsplit(":", 1)
+    rss_before = psutil.Process().memory_info().rss
+    try:
+        for _ in range(20):
+            with socket.create_connection((host, int(port)), timeout=10) as raw:
+                raw.sendall(zmtp_push_announcing(2**30))
+                raw.settimeout(10)
+                while raw.recv(4096):  # ZeroMQ answers its greeting, then closes the connection
+                    pass
+        assert receiver.recv(timeout_s=0.5) is None
+        assert receiver.peer_disconnects == 20
+        assert psutil.Process().memory_info().rss - rss_before < 200 * 2**20, "20 GiB were announced"
+    finally:
+        receiver.close()
+
+
+def test_a_sender_refuses_a_part_no_receiver_would_take(context) -> None:
+    sender = Sender(context, "tcp://127.0.0.1:*", "push", bind=True, max_message_bytes=1024)
+    try:
+        with pytest.raises(MessageTooLarge, match="transport.max_message_mib"):
+            sender.send(Shutdown(reason="x" * 2000), timeout_s=0)
+        assert sender.sent_count == 0
+    finally:
+        sender.close()
+
+
+# ----- a live run under a flood ------------------------------------------------------------------------
+
+
+def impossible_rollouts(run_id: str, problem_ids: list[str]) -> dict[str, list[Rollout]]:
+    """Well-formed rollouts of the run, for its problems, that it must not train or keep for ever."""
+    valid = dict(run_id=run_id, problem_id=problem_ids[0])
+    return {
+        "rejected": [
+            stranger_rollout(10**6 + i, **valid, **change)  # type: ignore[arg-type]
+            for i, change in enumerate(
+                [
+                    {"token_versions": np.array([0, 10**6, 0], dtype=np.int32)},
+                    {"behaviour_logprobs": np.array([-0.5, np.nan, -0.5], dtype=np.float32)},
+                    {"completion_token_ids": np.array([7, -1, 9], dtype=np.int32)},
+                    {"group_size": 256},
+                ]
+                * 25
+            )
+        ],
+        "never_complete": [stranger_rollout(2 * 10**6 + i, **valid) for i in range(200)],
+        "outside_vocabulary": [
+            stranger_rollout(
+                3 * 10**6 + 4 * group + member,
+                run_id=run_id,
+                problem_id=problem_ids[group],
+                group_id=f"stranger-oov-{group}",
+                completion_token_ids=np.array([7, 10**6, 9], dtype=np.int32),
+            )
+            for group in range(4)
+            for member in range(4)
+        ],
+    }
+
+
+def stage_process(run_dir: Path, module: str) -> psutil.Process | None:
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if module in cmdline and str(run_dir) in " ".join(cmdline):
+            return process
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_live_run_keeps_running_and_learning_under_a_flood_of_damaged_frames(tmp_path, random_model_dir):
+    """10,000 damaged, truncated, garbage and wrong-schema frames, 300 well-formed but impossible or
+    never-completing rollouts, 16 with tokens outside the vocabulary and 5 oversized parts, sent to
+    the run's rollout socket (the one a local peer can reach: see docs/reliability.md) while it trains."""
+    from pipelinerl.tasks import build_task
+    from tests.integration.test_pipeline import check_records_against_token_data
+
+    config = small_config(
+        tmp_path, random_model_dir, "run.mode=pipeline", "run.max_steps=10", "transport.max_message_mib=1"
+    )
+    run_id, run_dir = "flooded", (tmp_path / "flooded").resolve()
+    problem_ids = [
+        p.problem_id
+        for p in build_task(config.task).problems("train", config.task.train_problems, config.run.seed)
+    ]
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(result=launch(config, run_id=run_id)))
+    thread.start()
+    context = zmq.Context()
+    stranger = context.socket(zmq.PUSH)
+    stranger.setsockopt(zmq.SNDHWM, 0)  # queue everything here; the run's side stays bounded
+    stranger.setsockopt(zmq.LINGER, 0)
+    rss: list[int] = []
+    try:
+        # The flood starts once the preprocessor has sent its first batch: started, warm, memory settled.
+        deadline = time.monotonic() + 240
+        records = run_dir / "preprocessor.jsonl"
+        while not (records.exists() and records.read_text()):
+            assert time.monotonic() < deadline and thread.is_alive(), "the preprocessor sent no batch"
+            time.sleep(0.2)
+        preprocessor = stage_process(run_dir, "pipelinerl.workers.preprocessor")
+        assert preprocessor is not None
+        rss.append(preprocessor.memory_info().rss)
+        stranger.connect(config.transport.address("rollouts"))
+        impossible = impossible_rollouts(run_id, problem_ids)
+        for _, frames in damaged_frames(FRAMES_PER_SOCKET, seed=7):
+            stranger.send_multipart(frames)
+        for rollouts in impossible.values():
+            for rollout in rollouts:
+                stranger.send_multipart(encode(rollout))
+        oversized = context.socket(zmq.PUSH)  # its own connection: ZeroMQ drops it, and what it queued
+        oversized.setsockopt(zmq.LINGER, 0)
+        oversized.connect(config.transport.address("rollouts"))
+        for _ in range(5):
+            oversized.send_multipart([b"x" * (2**20 + 1)])
+        while thread.is_alive():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                rss.append(preprocessor.memory_info().rss)
+            time.sleep(0.5)
+        oversized.close(linger=0)
+    finally:
+        thread.join(timeout=420)
+        stranger.close(linger=0)
+        context.term()
+    assert not thread.is_alive(), "the run did not finish"
+    result = outcome["result"]
+    # every stage kept running to the end
+    assert result.summary["steps"] == 10 and result.summary["final_policy_version"] == 10
+    assert ACTOR_CLOSING_LINE.search((run_dir / "logs" / "actor0.log").read_text())
+    for log in ("preprocessor.log", "trainer0.log", "actor0.log"):
+        assert "Traceback" not in (run_dir / "logs" / log).read_text(), log
+    # every rejection counted, per stage, in the run's records
+    sent = [json.loads(line) for line in (run_dir / "preprocessor.jsonl").read_text().splitlines()]
+    last = sent[-1]
+    refused = last["preprocessor/malformed"] + last["preprocessor/rejected"]
+    assert refused >= FRAMES_PER_SOCKET + len(impossible["rejected"]), last
+    assert last["samples/dropped_incomplete_group"] >= len(impossible["never_complete"]) - 32, last
+    assert last["preprocessor/peer_disconnects"] >= 1, last
+    assert result.records[-1]["trainer/rejected"] == len(impossible["outside_vocabulary"])
+    assert max(r["queue/rollouts"] for r in sent) <= 64, "incomplete groups were bounded"
+    # memory stayed bounded
+    growth_mib = (max(rss) - rss[0]) / 2**20
+    assert growth_mib < 100, f"the preprocessor grew by {growth_mib:.0f} MiB"
+    # it learned from the actor's data only, and its statistics are what its tokens say
+    trained = {rollout_id for record in result.records for rollout_id, _ in record["rollouts"]}
+    assert not any(rollout_id.startswith("stranger") for rollout_id in trained)
+    check_records_against_token_data(result)
+    figures = {
+        "sent_damaged": FRAMES_PER_SOCKET,
+        "sent_impossible": sum(map(len, impossible.values())),
+        "sent_oversized": 5,
+        **{key: last[key] for key in last if key.startswith(("preprocessor/", "samples/dropped"))},
+        "trainer/rejected": result.records[-1]["trainer/rejected"],
+        "preprocessor_rss_mib": [rss[0] / 2**20, max(rss) / 2**20],
+    }
+    print("flood figures:", json.dumps(figures))

@@ -1,0 +1,82 @@
+"""A run that stops making progress ends with an error naming the stall, never hours of silence.
+
+The preprocessor is frozen (SIGSTOP) after the first optimizer step: every process stays alive, the
+trainer waits for batches that never come, and the actors block on a full queue, which is what a
+lost message or a peer that never answers looks like from the launcher. With
+``run.stall_timeout_s=20`` the launcher gives up after 20 s without a new policy version, stops the
+stages (SIGKILL reaches the frozen one) and raises ``RunStalled`` naming the last version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from pipelinerl.launch.launcher import launch
+from pipelinerl.launch.stages import RunStalled
+from pipelinerl.platform.config import load_config
+from tests.conftest import worker_port
+
+pytestmark = pytest.mark.slow
+
+
+def _freeze_preprocessor_after_first_step(run_dir_parent, frozen: list[int], stop: threading.Event) -> None:
+    while not stop.is_set():
+        for metrics in run_dir_parent.glob("*/metrics.jsonl"):
+            if metrics.is_file() and metrics.read_text().strip():
+                pids = subprocess.run(
+                    ["pgrep", "-f", f"pipelinerl.workers.preprocessor --run-dir {metrics.parent}"],
+                    capture_output=True,
+                    text=True,
+                ).stdout.split()
+                for pid in pids:
+                    os.kill(int(pid), signal.SIGSTOP)
+                    frozen.append(int(pid))
+                if pids:
+                    return
+        time.sleep(0.2)
+
+
+def test_a_frozen_stage_ends_the_run_with_a_named_stall(tmp_path, random_model_dir):
+    config = load_config(
+        None,
+        [
+            f"model.path={random_model_dir}",
+            f"run.output_dir={tmp_path}",
+            f"run.home={tmp_path / 'home'}",
+            "run.max_steps=50",
+            "run.stall_timeout_s=20",
+            "rl.group_size=4",
+            "rl.batch_size=8",
+            "actor.max_in_flight=8",
+            "task.eval_problems=8",
+            f"transport.base_port={worker_port(27800)}",
+        ],
+    )
+    frozen: list[int] = []
+    stop = threading.Event()
+    freezer = threading.Thread(
+        target=_freeze_preprocessor_after_first_step, args=(tmp_path, frozen, stop), daemon=True
+    )
+    freezer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(RunStalled, match=r"no optimizer step for \d+ s since policy version \d+") as info:
+            launch(config, run_id="stalled")
+    finally:
+        stop.set()
+        for pid in frozen:  # normally gone already: the launcher's SIGKILL reaches a stopped process
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert frozen, "the preprocessor was frozen after the first step"
+    assert "run.stall_timeout_s=20" in str(info.value)
+    records = [json.loads(line) for line in (tmp_path / "stalled" / "metrics.jsonl").read_text().splitlines()]
+    assert 1 <= len(records) < config.run.max_steps
+    assert time.monotonic() - started < 240, "the stall ended the run, not run.max_wall_s"

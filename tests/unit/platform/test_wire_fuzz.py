@@ -1,0 +1,88 @@
+"""``wire.decode`` under damaged input: whatever the bytes, a valid message or ``MalformedMessage``.
+
+A seeded mutation loop (hypothesis is not a dependency) damages the frames of every message type:
+bytes overwritten, bits flipped, frames truncated, bytes inserted, frames dropped or added, headers
+replaced by random bytes. The cases the loop first found (strings that are not UTF-8, deep
+nesting) are pinned by name below.
+"""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import pytest
+
+from pipelinerl.platform.wire import MESSAGE_TYPES, MalformedMessage, decode, encode
+from tests.unit.platform.test_wire import ALL_MESSAGES, reject
+
+MUTATIONS_PER_RUN = 20_000
+
+
+def mutate(frames: list[bytes], rng: random.Random) -> list[bytes]:
+    """``frames`` with one random kind of damage."""
+    frames = list(frames) or [b""]
+    index = rng.randrange(len(frames))
+    frame = bytearray(frames[index])
+    kind = rng.randrange(7)
+    if kind == 0 and frame:  # overwrite a few bytes
+        for _ in range(rng.randint(1, 4)):
+            frame[rng.randrange(len(frame))] = rng.randrange(256)
+    elif kind == 1 and frame:  # flip one bit
+        frame[rng.randrange(len(frame))] ^= 1 << rng.randrange(8)
+    elif kind == 2:  # truncate
+        frame = frame[: rng.randrange(len(frame) + 1)]
+    elif kind == 3:  # insert bytes
+        at = rng.randrange(len(frame) + 1)
+        frame[at:at] = rng.randbytes(rng.randint(1, 8))
+    elif kind == 4:  # drop trailing frames
+        return frames[: rng.randrange(len(frames) + 1)]
+    elif kind == 5:  # add a frame
+        frames.insert(rng.randrange(len(frames) + 1), rng.randbytes(rng.randint(0, 16)))
+        return frames
+    else:  # replace by random bytes
+        frame = bytearray(rng.randbytes(rng.randint(0, 64)))
+    frames[index] = bytes(frame)
+    return frames
+
+
+def test_damaged_frames_of_every_message_decode_or_raise_malformed_only() -> None:
+    rng = random.Random(20261122)
+    outcomes = {"malformed": 0, "decoded": 0}
+    for _ in range(MUTATIONS_PER_RUN):
+        frames = [bytes(frame) for frame in encode(rng.choice(ALL_MESSAGES))]
+        for _ in range(rng.randint(1, 3)):
+            frames = mutate(frames, rng)
+        try:
+            message = decode(frames)
+        except MalformedMessage:
+            outcomes["malformed"] += 1
+        else:  # damage that still makes a valid message (e.g. a changed text byte) must be one
+            assert isinstance(message, MESSAGE_TYPES)
+            outcomes["decoded"] += 1
+    assert outcomes["malformed"] > MUTATIONS_PER_RUN // 2, outcomes
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"\x81\xa4type\xa2\xff\xfe",  # the tag's value is not UTF-8
+        msgspec.msgpack.encode({"type": "Shutdown"})[:-1] + b"\xa2\xff\xfe",  # nor a field name
+        msgspec.msgpack.encode({"type": "Shutdown", "reason": "x"}).replace(b"\xa1x", b"\xa1\xff"),
+    ],
+)
+def test_a_string_that_is_not_utf8_is_malformed(header: bytes) -> None:
+    reject([header], "not UTF-8|invalid message|not valid msgpack")
+
+
+def test_maps_nested_too_deep_are_malformed() -> None:
+    reject([b"\x81\xa1a" * 100_000 + b"\xc0"], "nests too deep")
+
+
+def test_a_field_the_struct_does_not_declare_is_malformed() -> None:
+    header = {"type": "Shutdown", "reason": "x", "extra": 2**64 - 1}
+    reject([msgspec.msgpack.encode(header)], "unknown field `extra`")
+
+
+def test_every_message_type_is_covered() -> None:
+    assert {type(message) for message in ALL_MESSAGES} == set(MESSAGE_TYPES)
