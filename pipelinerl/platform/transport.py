@@ -23,6 +23,14 @@ Invariants:
 * A PUSH socket that connects sets ``IMMEDIATE``, so it queues nothing for a peer that is not
   there (a message waits in the sender, where backpressure can see it, until a consumer connects).
 * ``LINGER`` is 0: closing a socket drops what it has not sent instead of hanging the process.
+* Messages are numbered per sending socket (``wire.Envelope``: a stream name, then 1, 2, ...). A
+  receiver counts numbers skipped (``lost_count``, logged with the gap) and numbers that come again
+  (rejected as replays). A receiver built with ``on_gap="fail"`` raises ``MessagesLost`` naming the
+  gap instead: the trainer's batch inbox does, since a lost batch would leave the trainer and the
+  preprocessor waiting for each other.
+* Every bound socket uses ZAP, also on loopback without CurveZMQ (a ZAP domain): libzmq then refuses a peer
+  that does not speak ZMTP 3 (any plain TCP client: without it, libzmq takes such a peer for a
+  ZMTP 1.0 one, and a bound PUSH would deal it every other message).
 * A socket is used by one thread at a time (ZeroMQ sockets are not thread-safe).
 
 Security: on loopback the sockets are plain TCP. A run whose ``transport.host`` is any other
@@ -40,6 +48,7 @@ import ipaddress
 import logging
 import math
 import os
+import secrets
 import socket
 import time
 import weakref
@@ -51,12 +60,24 @@ from urllib.parse import urlsplit
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from pipelinerl.platform.wire import MalformedMessage, Message, decode, encode
+from pipelinerl.platform.numbering import Gap, Replay, StreamNumbers
+from pipelinerl.platform.wire import (
+    MAX_STREAM_NAME,
+    Envelope,
+    MalformedMessage,
+    Message,
+    decode_numbered,
+    encode_numbered,
+)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_HIGH_WATER_MARK = 64  # messages; a few optimizer steps of rollouts, bounded memory per socket
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20  # transport.max_message_mib's default, for sockets built without it
+
+# Set on every bound socket: with a ZAP domain libzmq refuses legacy (ZMTP 1.0) peers, which is what it
+# takes a plain TCP client for. With no ZAP handler in the process (loopback), every ZMTP 3 peer passes.
+ZAP_DOMAIN = b"pipelinerl"
 
 _SOCKET_TYPES = {"push": zmq.PUSH, "pub": zmq.PUB, "pull": zmq.PULL, "sub": zmq.SUB}
 
@@ -68,6 +89,10 @@ def _milliseconds_until(deadline: float) -> int:
 
 class PortInUseError(RuntimeError):
     """A socket could not bind its address because another process holds the port."""
+
+
+class MessagesLost(RuntimeError):
+    """A receiver built with ``on_gap="fail"`` saw a stream skip numbers: messages were lost on the way."""
 
 
 class MessageTooLarge(ValueError):
@@ -216,6 +241,8 @@ class _Socket:
         if kernel_buffer_bytes is not None:  # else the kernel's (autotuned, megabytes on loopback)
             self.socket.setsockopt(zmq.SNDBUF, kernel_buffer_bytes)
             self.socket.setsockopt(zmq.RCVBUF, kernel_buffer_bytes)
+        if bind and keys is None:  # (a CURVE server always consults its ZAP handler)
+            self.socket.zap_domain = ZAP_DOMAIN
         if keys is not None and bind:
             _authenticate(context, keys)
             self.socket.curve_server = True
@@ -271,6 +298,7 @@ class Sender(_Socket):
         keys: CurveKeys | None = None,
         kernel_buffer_bytes: int | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        name: str | None = None,
     ) -> None:
         if kind not in ("push", "pub"):
             raise ValueError(f"Sender kind must be 'push' or 'pub', got {kind!r}")
@@ -286,6 +314,8 @@ class Sender(_Socket):
             max_message_bytes,
         )
         self.sent_count = 0
+        # Unique to this socket (and so to this incarnation of its stage); ``name`` says whose it is.
+        self.stream = f"{name or kind}/{os.getpid()}/{secrets.token_hex(3)}"[-MAX_STREAM_NAME:]
 
     def send(self, message: Message, timeout_s: float | None = None) -> bool:
         """Send ``message``; True once ZeroMQ has queued it.
@@ -295,7 +325,8 @@ class Sender(_Socket):
         message is then not sent. PUB: never waits (a full subscriber queue drops it) and returns True.
         ``MessageTooLarge`` if a part of it exceeds ``max_message_bytes``.
         """
-        frames = encode(message)
+        # Numbered when built: a message not sent (timeout) leaves its number to the next one.
+        frames = encode_numbered(message, Envelope(self.stream, self.sent_count + 1))
         largest = max(len(frame) for frame in frames)
         if largest > self.max_message_bytes:
             raise MessageTooLarge(
@@ -338,9 +369,12 @@ class Receiver(_Socket):
         keys: CurveKeys | None = None,
         kernel_buffer_bytes: int | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        on_gap: Literal["count", "fail"] = "count",
     ) -> None:
         if kind not in ("pull", "sub"):
             raise ValueError(f"Receiver kind must be 'pull' or 'sub', got {kind!r}")
+        if on_gap not in ("count", "fail"):
+            raise ValueError(f"on_gap must be 'count' or 'fail', got {on_gap!r}")
         super().__init__(
             context,
             address,
@@ -352,6 +386,10 @@ class Receiver(_Socket):
             kernel_buffer_bytes,
             max_message_bytes,
         )
+        self.on_gap = on_gap
+        # A PULL sees each stream from its first message; a SUB may join one late (slow joiner).
+        self.numbers = StreamNumbers(expect_first=kind == "pull")
+        self.lost_count = 0
         self.received_count = 0
         self.malformed_count = 0
         self.rejected_count = 0
@@ -404,7 +442,7 @@ class Receiver(_Socket):
             except zmq.Again:
                 continue
             try:
-                message = decode(frames)
+                envelope, message = decode_numbered(frames)
             except MalformedMessage as error:
                 self.malformed_count += 1
                 logger.warning(
@@ -414,5 +452,21 @@ class Receiver(_Socket):
                     error.reason,
                 )
                 continue
+            verdict = self.numbers.observe(envelope.stream, envelope.seq)
+            if isinstance(verdict, Replay):
+                self.reject(f"{type(message).__name__} #{envelope.seq}", verdict.describe())
+                continue
+            if isinstance(verdict, Gap):
+                self._lost(verdict)
             self.received_count += 1
             return message
+
+    def _lost(self, gap: Gap) -> None:
+        self.lost_count += gap.lost
+        what = f"on {self.address}: {gap.describe()}"
+        if self.on_gap == "fail":
+            raise MessagesLost(
+                f"{what}. Nothing between two stages of a run may be lost; a peer that is not a stage "
+                "of this run may have taken them (see docs/reliability.md)"
+            )
+        logger.warning("lost %s (%d lost so far)", what, self.lost_count)

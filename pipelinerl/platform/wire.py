@@ -26,6 +26,11 @@ Invariants:
   coerces them to 1-D contiguous arrays of exactly that dtype when built, and refuses a lossy kind
   change (floats into an int field). Decoded arrays are read-only views of the received frames.
 * Equality (``==``) compares arrays by value, so ``decode(encode(m)) == m``.
+
+On a socket a message travels numbered (``encode_numbered`` / ``decode_numbered``): one more frame
+goes first, the ``Envelope`` (msgpack ``[stream, seq]``): the sending socket's stream name and the
+message's number in it, 1, 2, ... A receiver uses it to see a message lost (a number skipped) or
+replayed (a number not above the last one); ``transport.Receiver`` does.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ Int32Array: TypeAlias = npt.NDArray[np.int32]
 Float32Array: TypeAlias = npt.NDArray[np.float32]
 
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+MAX_STREAM_NAME: Final = 128  # characters of an Envelope's stream name
 
 
 class MalformedMessage(ValueError):
@@ -328,6 +334,18 @@ def _array_from_frame(annotation: Any, value: Any) -> Any:
     return cursor.array_for(annotation, value)
 
 
+class Envelope(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
+    """Frame 0 of a message on a socket: the sender's stream and the message's number in it.
+
+    ``stream`` names one sending socket for its lifetime (a restarted stage sends a new stream), so
+    its numbers run 1, 2, 3, ... without gaps unless a message was lost on the way."""
+
+    stream: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_STREAM_NAME)]
+    seq: Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+
+
+_ENVELOPE_ENCODER: Final = msgspec.msgpack.Encoder()
+_ENVELOPE_DECODER: Final = msgspec.msgpack.Decoder(Envelope)
 _HEADER_ENCODER: Final = msgspec.msgpack.Encoder(enc_hook=_describe_array)
 _HEADER_DECODER: Final = msgspec.msgpack.Decoder(Message, dec_hook=_array_from_frame)
 
@@ -385,3 +403,22 @@ def decode(frames: Sequence[Frame]) -> Message:
             "array frames were sent"
         )
     return message
+
+
+def encode_numbered(message: Message, envelope: Envelope) -> list[bytes | memoryview]:
+    """The frames of ``message`` as a socket sends it: the envelope, then ``encode(message)``."""
+    return [_ENVELOPE_ENCODER.encode(envelope), *encode(message)]
+
+
+def decode_numbered(frames: Sequence[Frame]) -> tuple[Envelope, Message]:
+    """The envelope and message in ``frames`` (as ``encode_numbered`` made them); raises
+    ``MalformedMessage`` otherwise, whatever the bytes."""
+    if len(frames) < 2:
+        raise MalformedMessage(f"{len(frames)} frame(s): a numbered message has an envelope and a header")
+    try:
+        envelope = _ENVELOPE_DECODER.decode(_as_buffer(frames[0]))
+    except (msgspec.ValidationError, msgspec.DecodeError) as error:
+        raise MalformedMessage(f"bad envelope: {error}") from error
+    except Exception as error:  # as in decode: a damaged envelope is a rejection, never a dead stage
+        raise MalformedMessage(f"undecodable envelope ({type(error).__name__}): {error}") from error
+    return envelope, decode(frames[1:])

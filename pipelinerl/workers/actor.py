@@ -181,6 +181,7 @@ class Actor:
             keys=keys,
             kernel_buffer_bytes=transport.socket_buffer_kib * 1024,
             max_message_bytes=transport.max_message_bytes,
+            name=f"actor{actor_id}",
         )
         self.notices = Receiver(
             self.context,
@@ -347,6 +348,7 @@ class Actor:
                 "actor/in_flight": self.engine.num_in_flight,
                 "actor/tokens_generated": tokens,
                 "actor/malformed": self.notices.malformed_count,
+                "actor/notices_lost": self.notices.lost_count,
             }
         )
 

@@ -352,9 +352,11 @@ def incomplete_groups_bound(config: PipelineConfig) -> int:
 def rejection_counts(builder: BatchBuilder, rollouts: Receiver, notices: Receiver) -> dict[str, int]:
     """Everything this stage refused so far, as it goes into ``preprocessor.jsonl`` (running counts)."""
     return {
-        "preprocessor/rejected": builder.rejected,
+        # The receivers reject replayed message numbers; the builder, impossible values.
+        "preprocessor/rejected": builder.rejected + rollouts.rejected_count + notices.rejected_count,
         "preprocessor/malformed": rollouts.malformed_count + notices.malformed_count,
         "preprocessor/peer_disconnects": rollouts.peer_disconnects,
+        "preprocessor/lost": rollouts.lost_count,
         "samples/dropped_stale": builder.dropped["stale"],
         "samples/dropped_zero_variance": builder.dropped["zero_variance"],
         "samples/dropped_incomplete_group": builder.dropped["incomplete_group"],
@@ -418,6 +420,7 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
             keys=keys,
             kernel_buffer_bytes=transport.socket_buffer_kib * 1024,
             max_message_bytes=transport.max_message_bytes,
+            name=f"preprocessor-to-rank{rank}",
         )
         for rank in range(config.trainer.num_processes)
     ]

@@ -165,6 +165,8 @@ class Trainer:
             high_water_mark=1,
             keys=keys,
             max_message_bytes=transport.max_message_bytes,
+            # A lost batch would leave this rank and the preprocessor waiting for each other: fail fast.
+            on_gap="fail",
         )
         # Sequences refused at this boundary (wire.impossible_values) and other messages than batches.
         self.rejected = 0
@@ -179,6 +181,7 @@ class Trainer:
                 bind=True,
                 keys=keys,
                 max_message_bytes=transport.max_message_bytes,
+                name="trainer",
             )
             self.weight_group = WeightGroup(
                 transport.host, transport.port("weight_group"), 0, config.weight_group_size()
@@ -233,7 +236,7 @@ class Trainer:
                 wait_s = time.perf_counter() - wait_started
                 record = self._train_step(batch)
                 record["trainer/wait_s"] = wait_s
-                record["trainer/rejected"] = self.rejected
+                record["trainer/rejected"] = self.rejected + self.batches.rejected_count  # + replays
                 record["trainer/malformed"] = self.batches.malformed_count
                 record["time"] = time.time()
                 record["wall_s"] = time.time() - started

@@ -28,7 +28,16 @@ import zmq
 from pipelinerl.launch.launcher import launch
 from pipelinerl.platform.config import load_config
 from pipelinerl.platform.transport import MessageTooLarge, Receiver, Sender
-from pipelinerl.platform.wire import Rollout, Shutdown, TrainBatch, WeightUpdate, encode
+from pipelinerl.platform.wire import (
+    Envelope,
+    Message,
+    Rollout,
+    Shutdown,
+    TrainBatch,
+    WeightUpdate,
+    encode,
+    encode_numbered,
+)
 from tests.conftest import worker_port
 from tests.unit.platform.test_wire_fuzz import mutate
 
@@ -103,6 +112,11 @@ def stranger_rollout(index: int, run_id: str = "stranger-run", **overrides) -> R
     return Rollout(**fields)
 
 
+def numbered(message: Message, seq: int, stream: str = "stranger") -> list[bytes]:
+    """``message`` as a socket sends it: an envelope (``stream``, ``seq``), then its frames."""
+    return [bytes(frame) for frame in encode_numbered(message, Envelope(stream, seq))]
+
+
 def wrong_schema_frames(rng: random.Random) -> list[bytes]:
     """Valid msgpack, not a message this socket can use: another shape, or another message type."""
     choice = rng.randrange(5)
@@ -140,10 +154,10 @@ def damaged_frames(count: int, seed: int) -> Iterator[tuple[str, list[bytes]]]:
     rng = random.Random(seed)
     for index in range(count):
         kind = ("damaged", "truncated", "garbage", "wrong_schema")[index % 4]
-        if kind == "wrong_schema":
-            yield kind, wrong_schema_frames(rng)
+        if kind == "wrong_schema":  # past the envelope: the header is what is wrong
+            yield kind, [numbered(Shutdown(reason=""), index + 1)[0], *wrong_schema_frames(rng)]
             continue
-        frames = [bytes(frame) for frame in encode(stranger_rollout(index))]
+        frames = numbered(stranger_rollout(index), index + 1)
         if kind == "damaged":
             frames = mutate(frames, rng)
         elif kind == "truncated":
@@ -188,10 +202,11 @@ def test_each_kind_of_receiving_socket_survives_ten_thousand_damaged_frames(cont
         peer.connect(address)
     try:
         good = [stranger_rollout(i, run_id="run") for i in range(100)]
+        hello = 0
         if socket_kind == "sub":  # the slow joiner: wait until a message gets through
             deadline = time.monotonic() + 10
             while receiver.recv(timeout_s=0.1) is None and time.monotonic() < deadline:
-                peer.send_multipart(encode(Shutdown(reason="hello")))
+                peer.send_multipart(numbered(Shutdown(reason="hello"), hello := hello + 1, "hello"))
             while receiver.recv(timeout_s=0.2) is not None:
                 pass
         sent = Counter()
@@ -199,7 +214,7 @@ def test_each_kind_of_receiving_socket_survives_ten_thousand_damaged_frames(cont
             peer.send_multipart(frames)
             sent[damage] += 1
             if index % 100 == 0:
-                peer.send_multipart(encode(good[index // 100]))
+                peer.send_multipart(numbered(good[index // 100], index // 100 + 1, "good"))
         received, other = [], 0
         while (message := receiver.recv(timeout_s=2.0)) is not None:
             if refused(message):
@@ -207,7 +222,9 @@ def test_each_kind_of_receiving_socket_survives_ten_thousand_damaged_frames(cont
             else:
                 received.append(message)
         assert [m.rollout_id for m in received] == [m.rollout_id for m in good]
-        assert receiver.malformed_count + other == FRAMES_PER_SOCKET, (receiver.malformed_count, other, sent)
+        # Refused: by decode (malformed), as a replayed number (a damaged envelope), or by the stage.
+        counts = (receiver.malformed_count, receiver.rejected_count, other, sent)
+        assert receiver.malformed_count + receiver.rejected_count + other == FRAMES_PER_SOCKET, counts
         assert receiver.malformed_count > FRAMES_PER_SOCKET // 2
     finally:
         receiver.close()
@@ -227,7 +244,7 @@ def test_an_oversized_part_is_refused_by_zeromq_and_counted_as_a_dropped_connect
             receiver.recv(timeout_s=0.1)
         assert receiver.peer_disconnects == 1
         # ZeroMQ reconnects the peer: its next, good message arrives
-        peer.send_multipart(encode(Shutdown(reason="after")))
+        peer.send_multipart(numbered(Shutdown(reason="after"), 1))
         assert receiver.recv(timeout_s=10) == Shutdown(reason="after")
     finally:
         receiver.close()
@@ -350,9 +367,10 @@ def test_a_live_run_keeps_running_and_learning_under_a_flood_of_damaged_frames(t
         impossible = impossible_rollouts(run_id, problem_ids)
         for _, frames in damaged_frames(FRAMES_PER_SOCKET, seed=7):
             stranger.send_multipart(frames)
+        seq = 0
         for rollouts in impossible.values():
             for rollout in rollouts:
-                stranger.send_multipart(encode(rollout))
+                stranger.send_multipart(numbered(rollout, seq := seq + 1, "impossible"))
         oversized = context.socket(zmq.PUSH)  # its own connection: ZeroMQ drops it, and what it queued
         oversized.setsockopt(zmq.LINGER, 0)
         oversized.connect(config.transport.address("rollouts"))

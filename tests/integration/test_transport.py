@@ -22,6 +22,7 @@ from pipelinerl.platform.transport import (
     run_keys,
 )
 from pipelinerl.platform.wire import (
+    Envelope,
     Message,
     Rollout,
     Shutdown,
@@ -29,6 +30,7 @@ from pipelinerl.platform.wire import (
     TrainSequence,
     WeightUpdate,
     encode,
+    encode_numbered,
 )
 from tests.conftest import non_loopback_ipv4
 
@@ -182,15 +184,17 @@ def test_receiver_counts_and_skips_garbage_then_receives_a_good_message(
     context: zmq.Context, caplog: pytest.LogCaptureFixture
 ) -> None:
     good = make_rollout(3)
-    good_frames = [bytes(frame) for frame in encode(good)]
+    envelope, *good_frames = [bytes(f) for f in encode_numbered(good, Envelope("test", 1))]
     garbage = [
         [b"\xc1\xc1\xc1"],  # not msgpack
         [b"hello", b"world"],  # not msgpack, two frames
-        [msgspec.msgpack.encode({"type": "Pickle", "payload": "x"})],  # unknown tag
-        [msgspec.msgpack.encode([1, 2, 3])],  # not a struct
-        good_frames[:-1],  # missing frame
-        [*good_frames, b"\x00" * 4],  # extra frame
-        [*good_frames[:2], good_frames[2][:-1], *good_frames[3:]],  # wrong buffer size
+        [envelope, msgspec.msgpack.encode({"type": "Pickle", "payload": "x"})],  # unknown tag
+        [envelope, msgspec.msgpack.encode([1, 2, 3])],  # not a struct
+        [envelope, *good_frames[:-1]],  # missing frame
+        [envelope, *good_frames, b"\x00" * 4],  # extra frame
+        [envelope, *good_frames[:2], good_frames[2][:-1], *good_frames[3:]],  # wrong buffer size
+        good_frames,  # no envelope
+        [msgspec.msgpack.encode(["test", 0]), *good_frames],  # numbers start at 1
     ]
     with Receiver(context, ANY_PORT, "pull", bind=True) as receiver:
         raw_push = context.socket(zmq.PUSH)
@@ -199,7 +203,7 @@ def test_receiver_counts_and_skips_garbage_then_receives_a_good_message(
             raw_push.connect(receiver.address)
             for frames in garbage:
                 raw_push.send_multipart(frames)
-            raw_push.send_multipart(good_frames)
+            raw_push.send_multipart([envelope, *good_frames])
             with caplog.at_level(logging.WARNING, logger="pipelinerl.platform.transport"):
                 assert receiver.recv(timeout_s=5.0) == good
         finally:
@@ -208,10 +212,11 @@ def test_receiver_counts_and_skips_garbage_then_receives_a_good_message(
         assert receiver.received_count == 1
         warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
         assert len(warnings) == len(garbage)
-        assert "not valid msgpack" in warnings[0]
+        assert "1 frame(s)" in warnings[0] and "bad envelope" in warnings[1]
         assert "Invalid value 'Pickle'" in warnings[2]
         assert "missing frame" in warnings[4]
         assert "extra frame" in warnings[5]
+        assert "bad envelope" in warnings[7] and "bad envelope" in warnings[8]
         assert receiver.address in warnings[0]
 
 

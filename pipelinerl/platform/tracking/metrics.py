@@ -41,6 +41,8 @@ METRICS = (
     "preprocessor/malformed",
     "preprocessor/rejected",
     "preprocessor/peer_disconnects",
+    "preprocessor/lost",
+    "actor/notices_lost",
 )
 _TRAINER_KEYS = (
     "rl/loss",
@@ -68,8 +70,14 @@ _ACTOR_KEYS = (
     "actor/idle_fraction",
     "weights/update_pause_ms",
     "actor/malformed",
+    "actor/notices_lost",
 )
-_PREPROCESSOR_COUNTS = ("preprocessor/malformed", "preprocessor/rejected", "preprocessor/peer_disconnects")
+_PREPROCESSOR_COUNTS = (
+    "preprocessor/malformed",
+    "preprocessor/rejected",
+    "preprocessor/peer_disconnects",
+    "preprocessor/lost",
+)
 
 
 # ----- pure mapping from stage records to metrics -----
@@ -95,7 +103,8 @@ def actor_metrics(record: Mapping[str, Any]) -> dict[str, float]:
 def preprocessor_metrics(record: Mapping[str, Any]) -> dict[str, float]:
     """The rollout queue, the running counts of scored rollouts by label (``scores/correct``, ...), of
     samples dropped (``samples/dropped_stale``, ``samples/dropped_zero_variance``, ...) and of refused
-    input (``preprocessor/malformed``, ``preprocessor/rejected``, ``preprocessor/peer_disconnects``)."""
+    input (``preprocessor/malformed``, ``preprocessor/rejected``, ``preprocessor/peer_disconnects``) and
+    of rollouts numbered but never received (``preprocessor/lost``)."""
     metrics = {"queue/rollouts": float(record["queue/rollouts"])}
     metrics.update({key: float(record[key]) for key in _PREPROCESSOR_COUNTS if key in record})
     metrics.update(

@@ -13,7 +13,16 @@ import random
 import msgspec
 import pytest
 
-from pipelinerl.platform.wire import MESSAGE_TYPES, MalformedMessage, decode, encode
+from pipelinerl.platform.wire import (
+    MAX_STREAM_NAME,
+    MESSAGE_TYPES,
+    Envelope,
+    MalformedMessage,
+    decode,
+    decode_numbered,
+    encode,
+    encode_numbered,
+)
 from tests.unit.platform.test_wire import ALL_MESSAGES, reject
 
 MUTATIONS_PER_RUN = 20_000
@@ -86,3 +95,45 @@ def test_a_field_the_struct_does_not_declare_is_malformed() -> None:
 
 def test_every_message_type_is_covered() -> None:
     assert {type(message) for message in ALL_MESSAGES} == set(MESSAGE_TYPES)
+
+
+def test_damaged_numbered_frames_decode_or_raise_malformed_only() -> None:
+    """The envelope in front (stream, number) is damaged too: still a valid pair or MalformedMessage."""
+    rng = random.Random(20261123)
+    malformed = 0
+    for seq in range(1, MUTATIONS_PER_RUN // 4 + 1):
+        envelope = Envelope(f"actor{rng.randrange(4)}/123/abcdef", seq)
+        frames = [bytes(frame) for frame in encode_numbered(rng.choice(ALL_MESSAGES), envelope)]
+        for _ in range(rng.randint(1, 3)):
+            frames = mutate(frames, rng)
+        try:
+            decoded_envelope, message = decode_numbered(frames)
+        except MalformedMessage:
+            malformed += 1
+        else:
+            assert isinstance(decoded_envelope, Envelope) and decoded_envelope.seq >= 1
+            assert isinstance(message, MESSAGE_TYPES)
+    assert malformed > MUTATIONS_PER_RUN // 8
+
+
+@pytest.mark.parametrize(
+    ("envelope", "reason"),
+    [
+        (msgspec.msgpack.encode(["actor0", 0]), "Expected `int` >= 1"),
+        (msgspec.msgpack.encode(["", 1]), "length >= 1"),
+        (msgspec.msgpack.encode(["a" * (MAX_STREAM_NAME + 1), 1]), "length <= 128"),
+        (msgspec.msgpack.encode(["actor0", 1, "extra"]), "bad envelope"),
+        (msgspec.msgpack.encode({"stream": "actor0", "seq": 1}), "Expected `array`"),
+        (b"\xc1", "bad envelope"),
+    ],
+)
+def test_a_bad_envelope_is_malformed(envelope: bytes, reason: str) -> None:
+    frames = [bytes(frame) for frame in encode(ALL_MESSAGES[0])]
+    with pytest.raises(MalformedMessage, match=reason):
+        decode_numbered([envelope, *frames])
+
+
+def test_a_numbered_message_round_trips() -> None:
+    for message in ALL_MESSAGES:
+        envelope = Envelope("preprocessor-to-rank0/42/0a1b2c", 7)
+        assert decode_numbered(encode_numbered(message, envelope)) == (envelope, message)
