@@ -37,6 +37,7 @@ from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, LocalStages, RunStalled, 
 from pipelinerl.platform.checkpoint import CheckpointError, latest_checkpoint, starting_version
 from pipelinerl.platform.config import ConfigError, PipelineConfig, with_overrides
 from pipelinerl.platform.jsonl import JsonlTail
+from pipelinerl.platform.restart_records import discard_after, read_restarts
 from pipelinerl.platform.tracking.mlflow_store import CheckpointRecord
 
 POLL_S = 0.5
@@ -263,8 +264,9 @@ def _check_embedded_model_can_learn(config: PipelineConfig, task: Any) -> None:
 class RecordTails:
     """The JSON-lines files the stages append to, read incrementally (trainer, actors, preprocessor).
 
-    After a restart from a checkpoint the trainer writes the versions after it again; only versions
-    not seen before are handed on, so each version is tracked once (the first attempt's record).
+    After a restart from a checkpoint at version c, ``restart_records.discard_after`` has moved the
+    crashed attempt's records of versions after c aside; ``rewind(c)`` goes on from the files as they
+    are then, so the versions the next attempt trains again are handed on as what they now are.
     """
 
     def __init__(self, run_dir: Path, num_actors: int) -> None:
@@ -283,11 +285,17 @@ class RecordTails:
             sink.preprocessor_records(new)
         if new := self.evals.read():
             sink.eval_records(new)
-        trainer = [r for r in self.trainer.read() if r["policy_version"] > self.last_version]
+        trainer = self.trainer.read()
         if trainer:
             self.last_version = trainer[-1]["policy_version"]
             sink.trainer_records(trainer)
         return trainer
+
+    def rewind(self, version: int) -> None:
+        """Go on from the end of the files as they are now (no stage running), at policy ``version``."""
+        for tail in (self.trainer, *self.actors, self.preprocessor, self.evals):
+            tail.offset = tail.path.stat().st_size if tail.path.exists() else 0
+        self.last_version = version
 
 
 class RecordSink(Protocol):
@@ -471,6 +479,8 @@ def _run(
             "model_path": str(prepared.model_path),
             "start_policy_version": prepared.start_version,
             "restarts": restarts,
+            # What each restart threw away (restarts.jsonl): versions redone, rollouts discarded and lost.
+            "discarded": read_restarts(run_dir),
             "placement": config.cluster.placement,
             # In-run evaluations through the actor's engine (eval.every), at the versions they measured.
             "eval_in_run": [
@@ -513,12 +523,24 @@ def _train(
             records.extend(tails.read(sinks))
             config, model_path = _restart_point(prepared, config)
             first_line = str(failure).splitlines()[0]
+            resumed_from = starting_version(config.run.resume_from)
+            discarded = discard_after(
+                prepared.run_dir,
+                resumed_from,
+                attempt=restarts,
+                reason=first_line,
+                sequences_per_batch=config.rl.batch_size // config.trainer.num_processes,
+            )
+            records = [r for r in records if r["policy_version"] <= resumed_from]
+            sinks.evals[:] = [r for r in sinks.evals if r["policy_version"] <= resumed_from]
+            tails.rewind(resumed_from)
             status(
                 f"{first_line}; restart {restarts} of {config.run.max_restarts} from "
-                f"{'the checkpoint ' + str(model_path) if config.run.resume_from else 'the start'}"
+                f"{'the checkpoint ' + str(model_path) if config.run.resume_from else 'the start'}; "
+                + discarded.describe()
             )
             if sinks.tracker is not None:
-                sinks.tracker.restarted(restarts, max(tails.last_version, 0))
+                sinks.tracker.restarted(restarts, discarded)
         except BaseException:
             # SIGTERM or a cancelled flow run: nobody will send Shutdown, so stop the stages now (a
             # canceller such as Prefect's worker SIGKILLs us 30 s later).

@@ -12,6 +12,7 @@ with its samples and tokens counted, and the trainer reloads the optimizer state
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -65,3 +66,60 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     without its ``checkpoint.json``, does not count)."""
     complete = [d for d in (run_dir / "checkpoints").glob("v*") if (d / INFO_FILE).is_file()]
     return max(complete, key=lambda d: read_info(d).policy_version, default=None)
+
+
+# ----- what the checkpointed policy was trained on -------------------------------------------------
+#
+# Beside the policy, every trainer rank writes ``trained.rank<r>.json``: the rollout ids it trained
+# into this policy and, per actor, the prompt-stream position after the last train group it trained.
+# A trainer resumed from the checkpoint refuses those ids again (the ledger as a guard, not only an
+# audit), and each actor resumes its prompt stream at its position.
+
+TRAINED_FILE = "trained.rank{rank}.json"
+_TRAIN_GROUP = re.compile(r"^a(\d+)-p(\d+)-[0-9a-f]+$")
+
+
+def train_group_id(actor_id: int, position: int, nonce: str) -> str:
+    """The id of the train group an actor samples from the ``position``-th prompt of its stream."""
+    return f"a{actor_id}-p{position}-{nonce}"
+
+
+def prompt_position(group_id: str) -> tuple[int, int] | None:
+    """(actor id, stream position) of a train group id, or None for any other group id."""
+    match = _TRAIN_GROUP.match(group_id)
+    return None if match is None else (int(match[1]), int(match[2]))
+
+
+class TrainedSoFar(BaseModel):
+    """One trainer rank's share of what a policy was trained on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rollout_ids: list[str] = Field(default_factory=list)
+    prompt_positions: dict[int, int] = Field(
+        default_factory=dict, description="actor id -> stream position after its last trained group"
+    )
+
+    def add(self, rollout_id: str, group_id: str) -> None:
+        self.rollout_ids.append(rollout_id)
+        if (where := prompt_position(group_id)) is not None:
+            actor_id, position = where
+            self.prompt_positions[actor_id] = max(self.prompt_positions.get(actor_id, 0), position + 1)
+
+
+def write_trained(directory: Path, rank: int, trained: TrainedSoFar) -> None:
+    (directory / TRAINED_FILE.format(rank=rank)).write_text(trained.model_dump_json())
+
+
+def read_trained(directory: Path) -> TrainedSoFar:
+    """Every rank's share merged (no file: a checkpoint from before they were written, nothing known)."""
+    merged = TrainedSoFar()
+    for path in sorted(directory.glob(TRAINED_FILE.format(rank="*"))):
+        try:
+            share = TrainedSoFar.model_validate_json(path.read_text())
+        except ValidationError as error:
+            raise CheckpointError(f"{str(path)!r} is not a record of trained rollouts: {error}") from None
+        merged.rollout_ids.extend(share.rollout_ids)
+        for actor_id, position in share.prompt_positions.items():
+            merged.prompt_positions[actor_id] = max(merged.prompt_positions.get(actor_id, 0), position)
+    return merged

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelinerl.platform.checkpoint import starting_version
+from pipelinerl.platform.checkpoint import read_trained, starting_version, train_group_id
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
@@ -66,12 +66,19 @@ class PendingSample:
     split: str = "train"
 
 
-def prompt_stream(problems: list[Problem], seed: int, actor_id: int, num_actors: int) -> Iterator[Problem]:
-    """Train problems in a seeded order, epoch after epoch; actor k takes every num_actors-th."""
-    for epoch in itertools.count():
-        order = np.random.default_rng([seed, epoch]).permutation(len(problems))
-        for index in order[actor_id::num_actors]:
-            yield problems[int(index)]
+def prompt_stream(
+    problems: list[Problem], seed: int, actor_id: int, num_actors: int, start: int = 0
+) -> Iterator[Problem]:
+    """Train problems in a seeded order, epoch after epoch; actor k takes every num_actors-th, from
+    its ``start``-th on (a resumed run goes on where its checkpoint's policy left the stream)."""
+
+    def every_epoch() -> Iterator[Problem]:
+        for epoch in itertools.count():
+            order = np.random.default_rng([seed, epoch]).permutation(len(problems))
+            for index in order[actor_id::num_actors]:
+                yield problems[int(index)]
+
+    return itertools.islice(every_epoch(), start, None)
 
 
 class StagedWeights:
@@ -133,7 +140,17 @@ class Actor:
         self.stop_strings = tuple(task.stop_strings)
         self.eos_token_ids = eos_token_ids(self.tokenizer, model_path)
         problems = task.problems("train", config.task.train_problems, config.run.seed)
-        self.prompts = prompt_stream(problems, config.run.seed, actor_id, config.actor.num_actors)
+        # A resumed run: the stream goes on after the last group the checkpoint's policy trained on.
+        self.prompt_position = (
+            0
+            if config.run.resume_from is None
+            else read_trained(config.run.resume_from).prompt_positions.get(actor_id, 0)
+        )
+        if self.prompt_position:
+            logger.info("actor %d: prompt stream resumes at position %d", actor_id, self.prompt_position)
+        self.prompts = prompt_stream(
+            problems, config.run.seed, actor_id, config.actor.num_actors, start=self.prompt_position
+        )
         prompt = prompt_format(self.tokenizer, config.model.chat_template, config.model.system_prompt)
         self.encode = lambda problem: encode_problem(self.tokenizer, problem, prompt)
         # In-run evaluation (eval.every) is actor 0's: the eval sets through this engine.
@@ -366,7 +383,8 @@ class Actor:
 
     def submit_group(self) -> None:
         problem = next(self.prompts)
-        group_id = uuid.uuid4().hex
+        group_id = train_group_id(self.actor_id, self.prompt_position, uuid.uuid4().hex[:16])
+        self.prompt_position += 1
         prompt_ids = self.encode(problem)
         for _ in range(self.config.rl.group_size):
             request_id = uuid.uuid4().hex

@@ -30,9 +30,12 @@ import numpy as np
 from pipelinerl.platform.checkpoint import (
     OPTIMIZER_DIR,
     CheckpointInfo,
+    TrainedSoFar,
     checkpoint_dir,
     read_info,
+    read_trained,
     write_info,
+    write_trained,
 )
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.wire import Shutdown, TrainBatch, WeightUpdate, impossible_values
@@ -148,9 +151,12 @@ class Trainer:
         self.policy_version = 0
         self.samples_trained = 0
         self.tokens_trained = 0
+        # What this rank trained into the policy (saved with each checkpoint), and the rollout ids
+        # no batch may bring again: after a resume, every rank's ids of the checkpointed policy.
+        self.trained = TrainedSoFar()
+        self.consumed: set[str] = set()
         if config.run.resume_from is not None:
             self._resume(config.run.resume_from)
-        self.consumed: set[str] = set()
         import zmq
 
         self.zmq_context = zmq.Context()
@@ -193,11 +199,21 @@ class Trainer:
         self.policy_version = info.policy_version
         self.samples_trained = info.samples_trained
         self.tokens_trained = info.tokens_trained
+        trained = read_trained(directory)
+        self.consumed.update(trained.rollout_ids)
+        self.trained = TrainedSoFar(
+            rollout_ids=list(trained.rollout_ids), prompt_positions=trained.prompt_positions
+        )
         if (directory / OPTIMIZER_DIR).is_dir():
             self.engine.load_checkpoint(
                 str(directory / OPTIMIZER_DIR), tag="state", load_module_only=False, load_module_strict=True
             )
-        logger.info("resumed from %s at policy version %d", directory, self.policy_version)
+        logger.info(
+            "resumed from %s at policy version %d (%d rollouts trained into it refused if they come again)",
+            directory,
+            self.policy_version,
+            len(self.consumed),
+        )
 
     def save_checkpoint(self, directory: Path) -> None:
         """The policy (Hugging Face format, rank 0), its metadata and the optimizer state (all ranks)."""
@@ -209,6 +225,8 @@ class Trainer:
                 directory.mkdir(parents=True, exist_ok=True)
                 self.engine.module.save_pretrained(directory)
                 AutoTokenizer.from_pretrained(self.model_path).save_pretrained(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        write_trained(directory, self.rank, self.trained)  # before the collective save: all ranks' in
         self.engine.save_checkpoint(str(directory / OPTIMIZER_DIR), tag="state")
         if self.rank == 0:
             info = CheckpointInfo(
@@ -310,12 +328,15 @@ class Trainer:
         step_started = time.perf_counter()
         fresh = [seq for seq in batch.sequences if seq.rollout_id not in self.consumed]
         if len(fresh) < len(batch.sequences):
+            self.rejected += len(batch.sequences) - len(fresh)
             logger.warning(
-                "batch %d: dropped %d already-trained rollouts",
+                "batch %d: refused %d rollouts already trained into this policy",
                 batch.batch_index,
                 len(batch.sequences) - len(fresh),
             )
         self.consumed.update(seq.rollout_id for seq in fresh)
+        for seq in fresh:
+            self.trained.add(seq.rollout_id, seq.group_id)
         by_id = {seq.rollout_id: seq for seq in fresh}
         micro_batches = [
             [batch.sequences[i] for i in indices if batch.sequences[i].rollout_id in by_id]

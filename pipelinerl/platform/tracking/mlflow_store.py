@@ -182,6 +182,9 @@ class MlflowStore:
         for start in range(0, len(params), MAX_PARAMS_PER_BATCH):
             self.client.log_batch(run_id, params=params[start : start + MAX_PARAMS_PER_BATCH])
 
+    def set_tag(self, run_id: str, key: str, value: str) -> None:
+        self.client.set_tag(run_id, key, value)
+
     def log_metrics(self, run_id: str, points: Sequence[MetricPoint]) -> None:
         """Log ``points`` in batches; a name MLflow would refuse is dropped (said once), not sent: one
         bad name would fail every batch it is in, and the run's tracking with it."""

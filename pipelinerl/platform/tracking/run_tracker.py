@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.restart_records import Discarded
 from pipelinerl.platform.tracking.metrics import (
     actor_metrics,
     eval_metrics,
@@ -224,9 +225,10 @@ class RunTracker:
     def checkpoint(self, checkpoint: CheckpointRecord) -> None:
         self._queue.put(("checkpoint", checkpoint))
 
-    def restarted(self, restarts: int, policy_version: int) -> None:
-        """The stages were started again (``run.max_restarts``), the ``restarts``-th time."""
-        self._queue.put(("restart", (restarts, policy_version)))
+    def restarted(self, restarts: int, discarded: Discarded) -> None:
+        """The stages were started again (``run.max_restarts``), the ``restarts``-th time, from the
+        checkpoint at ``discarded.resumed_from_version``; the versions after it are discarded."""
+        self._queue.put(("restart", (restarts, discarded)))
 
     # --- the background thread ---
     #
@@ -314,8 +316,7 @@ class RunTracker:
             for key, value in eval_metrics(payload).items():
                 self._points.append(MetricPoint(key, value, int(payload["policy_version"]), payload["time"]))
         elif kind == "restart":
-            restarts, version = payload
-            self._points.append(MetricPoint("run/restarts", float(restarts), version, time.time()))
+            self._restart(*payload)
         elif kind == "checkpoint":
             assert self.mlflow is not None and self.mlflow_run_id is not None
             mlflow, run_id, name = self.mlflow, self.mlflow_run_id, self.config.run.name
@@ -350,6 +351,38 @@ class RunTracker:
             MetricPoint(key, value, version, float(record["time"]))
             for key, value in trainer_metrics(record).items()
         )
+
+    def _restart(self, restarts: int, discarded: Discarded) -> None:
+        """Cut the run's records back to the checkpoint resumed from: the database forgets the
+        discarded versions (their statistics, policy versions and ledger entries); MLflow, whose metric
+        history cannot be rewritten, gets the redone versions again at the same steps (the later point
+        of a step is the surviving one), the restart's counts and a tag saying what was discarded."""
+        version = discarded.resumed_from_version
+        self.seen.trainer_records = [r for r in self.seen.trainer_records if r["policy_version"] <= version]
+        for newer in [v for v in self.seen.versions if v > version]:
+            del self.seen.versions[newer]
+        for newer in [v for v in self.seen.pending if v > version]:
+            del self.seen.pending[newer]
+        # Not yet written: the discarded versions' points need not reach MLflow at all.
+        self._points = [p for p in self._points if p.step <= version or p.key.startswith("eval/")]
+        now = time.time()
+        self._points.extend(
+            MetricPoint(key, float(value), version, now)
+            for key, value in (
+                ("run/restarts", restarts),
+                ("restart/discarded_versions", len(discarded.discarded_versions)),
+                ("restart/discarded_rollouts", discarded.discarded_rollouts),
+                ("restart/lost_in_flight", discarded.lost_in_flight),
+            )
+        )
+        mlflow, mlflow_run_id, store, run_id = self.mlflow, self.mlflow_run_id, self.store, self.run_id
+
+        def cut() -> None:
+            store.discard_after(run_id, version)
+            if mlflow is not None and mlflow_run_id is not None:
+                mlflow.set_tag(mlflow_run_id, f"pipelinerl.restart.{restarts}", discarded.describe()[:5000])
+
+        self._writes.append(cut)
 
     def _policy_version(self, version: int, **fields: Any) -> None:
         """Record fields of a policy version once the trainer's record of it has been seen."""

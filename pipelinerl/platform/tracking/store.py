@@ -400,6 +400,22 @@ class PlatformStore:
                 inserted.update(session.scalars(statement))
         return [rollout_id for rollout_id in rows if rollout_id not in inserted]
 
+    def discard_after(self, run_id: str, version: int) -> int:
+        """Forget every version of ``run_id`` after ``version``: a restart resumed from the checkpoint
+        at ``version`` and the policies that held them are gone. Their step statistics, lag histograms
+        and policy versions are deleted, and their rollouts leave the ledger (the surviving policy was
+        not trained on them). Returns how many ledger entries went."""
+        with self._transaction() as session:
+            self._require_run(session, run_id)
+            for table in (StepStats, LagHistogram, PolicyVersion):
+                session.execute(delete(table).where(table.run_id == run_id, table.version > version))
+            result = session.execute(
+                delete(RolloutLedger).where(
+                    RolloutLedger.run_id == run_id, RolloutLedger.consumed_at_version > version
+                )
+            )
+            return int(getattr(result, "rowcount", 0) or 0)
+
     def consumed_ids(self, run_id: str) -> set[str]:
         """Every rollout id the ledger holds for ``run_id``."""
         with self._transaction() as session:

@@ -1,0 +1,79 @@
+"""A restart's cut of the run directory: records after the resumed version set aside, what went said."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipelinerl.platform.restart_records import discard_after, read_restarts
+
+
+def write_lines(path: Path, records: list[dict], tail: str = "") -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def crashed_run(run_dir: Path) -> None:
+    """Versions 1..5 trained (4 rollouts each); the preprocessor sent batches for steps 0..6 and holds 3
+    rollouts; actor 0 has 2 sequences in its engine; the crash cut the trainer's last line."""
+    run_dir.mkdir()
+    trainer = [
+        {"policy_version": v, "rollouts": [[f"r{v}-{i}", v - 1] for i in range(4)], "time": float(v)}
+        for v in range(1, 6)
+    ]
+    write_lines(run_dir / "metrics.jsonl", trainer, tail='{"policy_version": 6, "rol')
+    write_lines(
+        run_dir / "preprocessor.jsonl",
+        [{"step": s, "queue/rollouts": 3, "time": float(s)} for s in range(7)],
+    )
+    write_lines(run_dir / "actor0.jsonl", [{"policy_version": v, "actor/in_flight": 2} for v in range(1, 6)])
+    write_lines(run_dir / "eval.jsonl", [{"policy_version": v, "pass@1": 0.1} for v in (2, 4)])
+    (run_dir / "tokens").mkdir()
+    for version in range(1, 6):
+        (run_dir / "tokens" / f"step_{version:06d}_rank0.npz").write_bytes(b"x")
+
+
+def test_records_after_the_resumed_version_are_set_aside_and_counted(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    crashed_run(run_dir)
+    discarded = discard_after(
+        run_dir, 3, attempt=1, reason="stage actor0 exited with code -9", sequences_per_batch=4
+    )
+    assert discarded.discarded_versions == [4, 5]
+    assert discarded.discarded_rollouts == 8
+    # queue 3 + batches for versions 6 and 7 (steps 5, 6) never trained: 2 x 4, + 2 in the engine
+    assert discarded.lost_in_flight == 3 + 8 + 2
+    assert [r["policy_version"] for r in read_lines(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    assert [r["step"] for r in read_lines(run_dir / "preprocessor.jsonl")] == [0, 1, 2]
+    assert [r["policy_version"] for r in read_lines(run_dir / "actor0.jsonl")] == [1, 2, 3]
+    assert [r["policy_version"] for r in read_lines(run_dir / "eval.jsonl")] == [2]
+    aside = run_dir / "discarded" / "attempt1"
+    assert [r["policy_version"] for r in read_lines(aside / "metrics.jsonl")] == [4, 5]
+    assert [r["step"] for r in read_lines(aside / "preprocessor.jsonl")] == [3, 4, 5, 6]
+    assert sorted(p.name for p in (run_dir / "tokens").iterdir()) == [
+        f"step_{v:06d}_rank0.npz" for v in (1, 2, 3)
+    ]
+    assert sorted(p.name for p in (aside / "tokens").iterdir()) == [f"step_{v:06d}_rank0.npz" for v in (4, 5)]
+    [restart] = read_restarts(run_dir)
+    assert restart == discarded.as_record()
+    assert (
+        "resumed from version 3; versions 4..5 discarded (8 rollouts trained into them)"
+        in discarded.describe()
+    )
+
+
+def test_a_restart_from_the_start_discards_every_version_and_a_second_restart_adds_its_record(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    crashed_run(run_dir)
+    first = discard_after(run_dir, 0, attempt=1, reason="a", sequences_per_batch=4)
+    assert first.discarded_versions == [1, 2, 3, 4, 5]
+    assert (run_dir / "metrics.jsonl").read_text() == ""
+    second = discard_after(run_dir, 0, attempt=2, reason="b", sequences_per_batch=4)
+    assert second.discarded_versions == [] and second.discarded_rollouts == 0
+    assert "no version discarded" in second.describe()
+    assert [r["attempt"] for r in read_restarts(run_dir)] == [1, 2]
