@@ -10,9 +10,12 @@ Backend: gloo on CPU; on GPUs the same shape uses NCCL.
 
 from __future__ import annotations
 
+import json
+import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -54,6 +57,44 @@ def receive_buffers(shapes: list[list[int]], dtypes: list[str]) -> list[torch.Te
         if dtype not in DTYPES:
             raise ValueError(f"weight dtype {dtype!r} is not one of {sorted(DTYPES)}")
     return [torch.empty(shape, dtype=DTYPES[dtype]) for shape, dtype in zip(shapes, dtypes, strict=True)]
+
+
+def saved_tensor_shapes(model_dir: Path) -> dict[str, list[int]]:
+    """Name -> shape of every tensor in the model directory's safetensors files, read from their
+    headers only (empty when the directory has none, e.g. a ``pytorch_model.bin`` model)."""
+    shapes: dict[str, list[int]] = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with path.open("rb") as handle:
+            (size,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(size))
+        shapes.update(
+            {name: list(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
+        )
+    return shapes
+
+
+def weight_update_problem(
+    names: list[str],
+    shapes: list[list[int]],
+    dtypes: list[str],
+    *,
+    saved_shapes: Mapping[str, list[int]],
+) -> str | None:
+    """Why an actor must not receive this update into its model, or None: a dtype outside ``DTYPES``,
+    or, where the model's tensors are known (``saved_shapes``), a name the model does not have or a
+    shape other than its own. Checked before anything is allocated, so a corrupt notice cannot make
+    the actor allocate what it announces. (The dtype may differ from the actor's own: a bf16 trainer
+    on a GPU feeds a float32 actor on CPU; loading converts.)"""
+    for name, shape, dtype in zip(names, shapes, dtypes, strict=True):
+        if dtype not in DTYPES:
+            return f"parameter {name!r} comes as {dtype!r}, not one of {sorted(DTYPES)}"
+        if not saved_shapes:
+            continue
+        if name not in saved_shapes:
+            return f"parameter {name!r} is not one of the model's {len(saved_shapes)} tensors"
+        if list(shape) != list(saved_shapes[name]):
+            return f"parameter {name!r} comes with shape {list(shape)}; the model's is {saved_shapes[name]}"
+    return None
 
 
 def policy_dtype_name(setting: str, cuda: bool | None = None) -> str:

@@ -58,6 +58,10 @@ from pipelinerl.workers.evaluation import EvalSchedule, eval_group_id
 logger = logging.getLogger("pipelinerl.actor")
 
 
+class WeightUpdateRefused(RuntimeError):
+    """A weight-update notice this actor's model cannot take (wrong names, shapes or dtype)."""
+
+
 @dataclass(frozen=True)
 class PendingSample:
     problem: Problem
@@ -178,8 +182,11 @@ class Actor:
                 config.actor_first_weight_rank(actor_id),
                 config.weight_group_size(),
             )
-        from pipelinerl.platform.weights import policy_dtype_name
+        from pipelinerl.platform.weights import policy_dtype_name, saved_tensor_shapes
 
+        # What a weight update may hold: this model's tensors (each notice is checked against them).
+        self.saved_shapes = saved_tensor_shapes(model_path)
+        self.weights_error: BaseException | None = None  # what stopped the weights thread, if anything
         logger.info(
             "actor %d: %s engine, %s weights, %d sequences in flight at most",
             actor_id,
@@ -282,10 +289,30 @@ class Actor:
     # ----- weights: receiver thread -----
 
     def receive_weights(self) -> None:
-        from pipelinerl.platform.weights import receive_buffers
+        """The weights thread. Whatever stops it (a refused notice, a broken weight group) stops the
+        actor too, which then exits with that error: an actor left on old weights would stall the
+        trainer's next broadcast, with nothing said."""
+        try:
+            self._receive_weights()
+        except BaseException as error:
+            logger.error("weights thread stopped: %s", error)
+            self.weights_error = error
+            self.stop.set()
+
+    def _receive_weights(self) -> None:
+        from pipelinerl.platform.weights import receive_buffers, weight_update_problem
 
         while not self.stop.is_set():
             notice = self.notices.recv(timeout_s=0.2)
+            if isinstance(notice, WeightUpdate):
+                problem = weight_update_problem(
+                    notice.parameter_names,
+                    notice.parameter_shapes,
+                    notice.parameter_dtypes,
+                    saved_shapes=self.saved_shapes,
+                )
+                if problem is not None:
+                    raise WeightUpdateRefused(f"weight update v{notice.policy_version} refused: {problem}")
             if isinstance(notice, Shutdown):
                 logger.info("shutdown: %s", notice.reason)
                 self.stop.set()
@@ -532,6 +559,8 @@ class Actor:
                 float(np.median(pauses)),
                 float(np.percentile(pauses, 99)),
             )
+        if self.weights_error is not None:
+            raise SystemExit(f"actor {self.actor_id}: {self.weights_error}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,13 +16,24 @@ import pytest
 
 from pipelinerl.launch.launcher import StageFailed, launch
 from pipelinerl.platform.checkpoint import read_info
+from tests.conftest import worker_port
 from tests.integration.test_pipeline import small_config as pipeline_config
 
 pytestmark = pytest.mark.slow
 
 
+# Its own ports: test_pipeline's counter may be a second module object under xdist, from the same base.
+_next_port = iter(range(worker_port(27950), worker_port(28000), 10))
+
+
 def small_config(tmp_path: Path, model_dir: Path, *overrides: str):
-    return pipeline_config(tmp_path, model_dir, "trainer.checkpoint_every=2", *overrides)
+    return pipeline_config(
+        tmp_path,
+        model_dir,
+        "trainer.checkpoint_every=2",
+        f"transport.base_port={next(_next_port)}",
+        *overrides,
+    )
 
 
 def stage_processes(run_dir: Path, marker: str) -> list[psutil.Process]:
