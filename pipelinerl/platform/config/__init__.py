@@ -1,0 +1,227 @@
+"""Experiment configuration: typed, validated, loaded from TOML with ``--set`` overrides.
+
+Every field carries a type, a constraint and a description: the same models are what the CLI
+validates and what the Prefect run form renders. A bad value fails here, before any process
+starts, with a message naming the field, the value and what is allowed.
+
+The configuration is a tree of sections (``run``, ``model``, ``task``, ``actor``, ``rl``,
+``trainer``, ``transport``, ``tracking``, ``cluster``); an override names a leaf as ``section.key=value``.
+
+The sections live in ``base`` (the section model and the error), ``experiment`` (what a run does) and
+``infrastructure`` (where its stages run and how they meet); this module assembles them into
+``PipelineConfig`` and loads it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from pipelinerl.platform.config.base import MODES, ConfigError, Mode, Section
+from pipelinerl.platform.config.experiment import (
+    ActorConfig,
+    EvalConfig,
+    ModelConfig,
+    RLConfig,
+    RunConfig,
+    TaskConfig,
+    TrainerConfig,
+)
+from pipelinerl.platform.config.infrastructure import (
+    PORTS,
+    ROLES,
+    ClusterConfig,
+    Role,
+    TrackingConfig,
+    TransportConfig,
+)
+
+__all__ = [
+    "MODES",
+    "PORTS",
+    "ROLES",
+    "ActorConfig",
+    "ClusterConfig",
+    "ConfigError",
+    "EvalConfig",
+    "Mode",
+    "ModelConfig",
+    "PipelineConfig",
+    "RLConfig",
+    "Role",
+    "RunConfig",
+    "Section",
+    "TaskConfig",
+    "TrackingConfig",
+    "TrainerConfig",
+    "TransportConfig",
+    "apply_overrides",
+    "flatten",
+    "format_validation_error",
+    "load_config",
+    "parse_override",
+    "with_overrides",
+]
+
+
+class PipelineConfig(Section):
+    run: RunConfig = Field(default_factory=RunConfig, description="What to run and for how long.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
+    task: TaskConfig = Field(default_factory=TaskConfig, description="The task and its splits.")
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="Generation.")
+    rl: RLConfig = Field(default_factory=RLConfig, description="Rewards, advantages and the loss.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation during the run.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="DeepSpeed training.")
+    transport: TransportConfig = Field(default_factory=TransportConfig, description="ZeroMQ sockets.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow and the database.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Where the stages run.")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> PipelineConfig:
+        if self.actor.kv_cache_on_update != "keep" and self.actor.engine != "vllm":
+            raise ValueError(
+                f"actor.kv_cache_on_update={self.actor.kv_cache_on_update!r} needs actor.engine='vllm' "
+                "(the transformers engine always keeps the cache)"
+            )
+        if self.trainer.num_processes > 1 and self.rl.batch_size % self.trainer.num_processes:
+            raise ValueError(
+                f"rl.batch_size={self.rl.batch_size} must divide evenly over "
+                f"trainer.num_processes={self.trainer.num_processes}"
+            )
+        if self.trainer.num_processes % self.cluster.trainer_nodes:
+            raise ValueError(
+                f"trainer.num_processes={self.trainer.num_processes} must divide evenly over "
+                f"cluster.trainer_nodes={self.cluster.trainer_nodes}"
+            )
+        if self.actor.num_actors % self.cluster.actor_nodes:
+            raise ValueError(
+                f"actor.num_actors={self.actor.num_actors} must divide evenly over "
+                f"cluster.actor_nodes={self.cluster.actor_nodes}"
+            )
+        if self.eval.greedy and self.actor.engine != "vllm":
+            raise ValueError(
+                "eval.greedy=true needs actor.engine='vllm': the transformers engine samples every request "
+                "of its batch at actor.temperature (leave eval.greedy off to evaluate at that temperature)"
+            )
+        if self.eval.sets and not self.eval.every:
+            raise ValueError(
+                f"eval.sets ({', '.join(self.eval.sets)}) are evaluated during the run: set eval.every too"
+            )
+        if self.actor.tensor_parallel_size > 1 and self.actor.engine != "vllm":
+            raise ValueError(
+                f"actor.tensor_parallel_size={self.actor.tensor_parallel_size} needs actor.engine='vllm' "
+                "(the transformers engine runs on one device)"
+            )
+        return self
+
+    def mode_label(self) -> str:
+        """What the run is, as comparisons and MLflow's child runs name it: ``pipeline``, ``async-lag2``,
+        ``conventional-G8`` or, with strict rounds (generation, then training), ``conventional-G8-strict``."""
+        if self.run.mode == "async":
+            return f"async-lag{self.run.max_lag}"
+        if self.run.mode != "conventional":
+            return self.run.mode
+        label = f"conventional-G{self.run.steps_per_round}"
+        return label if self.run.train_during_round else f"{label}-strict"
+
+    def weight_group_size(self) -> int:
+        """Members of the weight group: trainer rank 0, then every actor's engine workers."""
+        return 1 + self.actor.num_actors * self.workers_per_actor()
+
+    def actor_first_weight_rank(self, actor_id: int) -> int:
+        """The weight-group rank of actor ``actor_id``'s first worker (its others follow)."""
+        return 1 + actor_id * self.workers_per_actor()
+
+    def workers_per_actor(self) -> int:
+        return self.actor.tensor_parallel_size if self.actor.engine == "vllm" else 1
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``section.key=value``; the value is read as a TOML value, else taken as a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} is not of the form section.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {part!r} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def format_validation_error(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "config"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown setting (check its spelling and section)")
+        elif item["type"] == "value_error":
+            lines.append(f"{where}: {message}")
+        else:
+            lines.append(f"{where}: {message} (got {item.get('input')!r})")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def load_config(path: Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+    """Read a TOML file (optional), apply ``section.key=value`` overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from exc
+    apply_overrides(data, overrides or [])
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def flatten(config: BaseModel, prefix: str = "") -> dict[str, Any]:
+    """``{"run.mode": "pipeline", ...}``: for logs, tracking params and overrides."""
+    flat: dict[str, Any] = {}
+    for name in type(config).model_fields:
+        value = getattr(config, name)
+        key = f"{prefix}{name}"
+        if isinstance(value, BaseModel):
+            flat.update(flatten(value, key + "."))
+        else:
+            flat[key] = str(value) if isinstance(value, Path) else value
+    return flat
+
+
+def with_overrides(config: PipelineConfig, values: dict[str, Any]) -> PipelineConfig:
+    """``config`` with ``{"section.key": value}`` applied and validated again (sweeps, comparisons)."""
+    data = config.model_dump(mode="json")
+    for key, value in values.items():
+        section, *inner, leaf = key.split(".") if "." in key else ("", key)
+        node = data.get(section)
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {key!r} does not name a setting as section.key")
+        for part in inner:  # into a mapping setting, e.g. task.options.generator
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key!r}: {part!r} is a value, not a mapping")
+        node[leaf] = value
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None

@@ -1,0 +1,307 @@
+"""The sections that say what a run does: ``run``, ``model``, ``task``, ``actor``, ``rl``, ``trainer``,
+``eval``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipelinerl.platform.config.base import Mode, Section
+
+
+class RunConfig(Section):
+    name: str = Field("pipelinerl", min_length=1, description="Experiment name (the MLflow experiment).")
+    mode: Mode = Field(
+        "pipeline",
+        description="pipeline: in-flight weight updates; conventional: G steps per generation round; "
+        "async: weights change only between sequences (ablation).",
+    )
+    seed: int = Field(0, ge=0, description="Seed for data order, sampling and model initialisation.")
+    max_steps: int = Field(
+        100,
+        ge=1,
+        description="Train until the policy reaches this version (optimizer steps; a resumed run counts "
+        "the steps of its checkpoint).",
+    )
+    max_wall_s: float = Field(
+        3600.0, gt=0, description="Stop training after this many seconds even if max_steps is not reached."
+    )
+    steps_per_round: int = Field(
+        4, ge=1, le=64, description="conventional mode: optimizer steps G per generation round."
+    )
+    train_during_round: bool = Field(
+        True,
+        description="conventional mode: the trainer takes a round's first steps while the actor still "
+        "generates the rest of the round (true), or waits until the whole round is generated (false: "
+        "generation, then training, as the paper's baseline runs).",
+    )
+    max_lag: int = Field(
+        2, ge=1, description="async mode: versions the actor may fall behind before it drains and updates."
+    )
+    output_dir: Path = Field(
+        Path("runs"), description="Each run writes its own directory, named by its run id, under this one."
+    )
+    home: Path = Field(
+        Path("~/.pipelinerl"),
+        description="Platform home: warm-start cache, the default MLflow store and platform database.",
+    )
+    resume_from: Path | None = Field(
+        None,
+        description="A checkpoint directory (runs/RUN_ID/checkpoints/vVERSION) to continue training from: "
+        "the policy, its version and samples trained are restored.",
+    )
+    stall_timeout_s: float = Field(
+        900.0,
+        ge=0,
+        description="End the run with an error naming the stall when no optimizer step completes for this "
+        "many seconds (the first step included, so leave room for loading the model); with "
+        "run.max_restarts the run restarts from its latest checkpoint instead. 0: never.",
+    )
+    max_restarts: int = Field(
+        0,
+        ge=0,
+        le=10,
+        description="When a stage crashes, stop every stage and start them all again from the run's "
+        "latest checkpoint (or from the start), at most this many times; 0: a crash fails the run.",
+    )
+
+
+class ModelConfig(Section):
+    path: Path | None = Field(
+        None,
+        description="Local Hugging Face model directory. Empty: the embedded tiny model, warm-started "
+        "on the task and cached in the platform home.",
+    )
+    warmstart_max_steps: int = Field(
+        600,
+        ge=1,
+        description="Most supervised steps of the embedded model's warm-start; it stops earlier once the "
+        "task is partly learned (ignored with a path).",
+    )
+    chat_template: str = Field(
+        "auto",
+        description="How prompts are built: 'auto' renders a task's chat messages with the tokenizer's chat "
+        "template (plain text when the task or the tokenizer has none), 'none' always uses plain text, or "
+        "the path of a Jinja chat template file.",
+    )
+    system_prompt: str | None = Field(
+        None, description="A system message put before a task's chat messages (when a chat template applies)."
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Precision of the policy's weights on the trainer and the actors: float32, bfloat16, or "
+        "auto (bfloat16 where the stage runs on a CUDA GPU, float32 on CPU, where bf16 is slower). With "
+        "bfloat16 the trainer keeps float32 master weights in DeepSpeed's optimizer; the actors receive "
+        "the bf16 weights.",
+    )
+    lm_head_fp32: bool = Field(
+        False,
+        description="Compute the LM head (hidden states to vocabulary logits) in float32 on the trainer and "
+        "the actors when the weights are in a lower precision (bf16/fp16): same head math on both sides, "
+        "a smaller rl/behaviour_mismatch. The weights keep their precision (model.dtype); with float32 "
+        "weights it changes nothing.",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_model_dir(cls, path: Path | None) -> Path | None:
+        if path is None:
+            return None
+        path = path.expanduser()
+        if not path.is_dir():
+            raise ValueError(f"model directory {str(path)!r} does not exist (give a local Hugging Face dir)")
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{str(path)!r} has no config.json: not a Hugging Face model directory")
+        return path
+
+
+# The tasks the package ships (``pipelinerl/tasks``); a user's own is named "package.module:Class".
+BUILTIN_TASKS: tuple[str, ...] = ("arithmetic", "math", "reasoning_gym")
+_TASK_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class TaskConfig(Section):
+    name: str = Field(
+        "arithmetic",
+        description="The task: arithmetic (the embedded default), math (a local dataset or the shipped set, "
+        "checked with math-verify), reasoning_gym (a procedural generator), or your own as "
+        "'package.module:Class' (docs/tasks.md).",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The task's own settings, passed to its constructor (e.g. math: dataset, question_field; "
+        "reasoning_gym: generator, params); see docs/tasks.md.",
+    )
+    train_problems: int = Field(20000, ge=1, description="Size of the deterministic train split.")
+    eval_problems: int = Field(200, ge=1, description="Held-out problems for eval success.")
+
+    @field_validator("name")
+    @classmethod
+    def _known_task(cls, name: str) -> str:
+        if name in BUILTIN_TASKS or _TASK_IMPORT_PATH.match(name):
+            return name
+        raise ValueError(
+            f"unknown task {name!r}; valid: {', '.join(BUILTIN_TASKS)}, or 'package.module:Class' (your own)"
+        )
+
+
+class ActorConfig(Section):
+    engine: Literal["transformers", "vllm"] = Field("transformers", description="Inference engine.")
+    num_actors: int = Field(1, ge=1, le=64, description="Actor processes (each one engine).")
+    max_in_flight: int = Field(32, ge=1, le=4096, description="H: sequences in flight per actor.")
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
+    max_new_tokens: int = Field(96, ge=1, description="Longest completion in tokens.")
+    kv_cache_blocks: int = Field(
+        0, ge=0, description="KV-cache blocks of the transformers engine (0: enough for H full sequences)."
+    )
+    kv_block_size: int = Field(
+        32, ge=1, description="Tokens per KV-cache block (transformers engine; vLLM on CPU uses 32)."
+    )
+    kv_cache_on_update: Literal["keep", "recompute"] = Field(
+        "keep",
+        description="vllm engine, at an in-flight weight update: keep the KV cache written by the older "
+        "weights (the paper's behaviour), or clear it so in-flight prefixes are recomputed under the new "
+        "ones.",
+    )
+    kv_cache_gib: float = Field(1.0, gt=0, description="vllm engine: memory for the KV cache, in GiB.")
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="vllm engine: GPUs (workers) per actor. Each worker joins the weight group, receives "
+        "the full tensors and lets vLLM shard them.",
+    )
+    torch_threads: int = Field(1, ge=1, description="torch threads of each actor process.")
+    cpus: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list,
+        description="CPU cores the actor processes are confined to (empty: no pinning). With trainer.cpus, "
+        "gives actor and trainer their own cores, as they would own their own GPUs (benchmarks).",
+    )
+    python: str | None = Field(
+        None,
+        description="Interpreter that runs the actor (default: the current one). The vllm engine needs "
+        "an environment with vLLM: `make vllm-env` builds .venv-vllm/bin/python.",
+    )
+
+
+class RLConfig(Section):
+    group_size: int = Field(4, ge=2, le=256, description="Samples per prompt; advantages are leave-one-out.")
+    batch_size: int = Field(32, ge=1, description="B: sequences per optimizer step.")
+    loss: Literal["truncated_is", "ppo_clip"] = Field(
+        "truncated_is", description="REINFORCE with truncated importance sampling, or PPO-clip."
+    )
+    is_cap: float = Field(5.0, gt=0, description="c: cap of the truncated importance weight min(r, c).")
+    ppo_clip_epsilon: float = Field(0.2, gt=0, lt=1, description="PPO clip range epsilon.")
+    normalize_advantages: bool = Field(False, description="Divide group advantages by the group std.")
+    truncated: Literal["train", "mask", "penalise"] = Field(
+        "train",
+        description="A completion cut at actor.max_new_tokens: trained like any other (train), kept in its "
+        "group's baseline with advantage 0 so it adds nothing to the loss (mask), or given reward "
+        "-rl.truncated_penalty (penalise).",
+    )
+    truncated_penalty: float = Field(
+        1.0, ge=0, description="rl.truncated=penalise: the reward is minus this."
+    )
+    format_reward: float = Field(
+        0.0,
+        ge=0,
+        description="Added to the reward of a completion whose answer could be read (correct or wrong).",
+    )
+    drop_zero_variance_groups: bool = Field(
+        False,
+        description="Drop groups whose rewards are all equal (zero advantages, no signal: dynamic sampling); "
+        "counted in samples/dropped_zero_variance.",
+    )
+    max_lag: int | None = Field(
+        None,
+        ge=0,
+        description="Hard staleness bound: a sequence with a token more than this many versions older than "
+        "the policy it would train is dropped and counted (samples/dropped_stale). Empty: no bound.",
+    )
+
+    @model_validator(mode="after")
+    def _batch_holds_whole_groups(self) -> RLConfig:
+        if self.batch_size % self.group_size:
+            raise ValueError(
+                f"rl.batch_size={self.batch_size} must be a multiple of rl.group_size={self.group_size} "
+                "so that every batch holds whole groups"
+            )
+        return self
+
+
+class TrainerConfig(Section):
+    zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    num_processes: int = Field(1, ge=1, le=64, description="Trainer ranks (data parallel).")
+    learning_rate: float = Field(3e-5, gt=0, le=1, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
+    micro_batch_tokens: int = Field(
+        8192, ge=16, description="Padded tokens per micro-batch (sequences x longest length)."
+    )
+    torch_threads: int = Field(1, ge=1, description="torch threads of each trainer process.")
+    cpus: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list,
+        description="CPU cores the trainer ranks and the preprocessor are confined to (empty: no pinning).",
+    )
+    checkpoint_every: int = Field(
+        25,
+        ge=0,
+        description="Save a Hugging Face checkpoint every N policy versions (0: only the final one).",
+    )
+
+
+_EVAL_SET_NAME = r"^[A-Za-z0-9_-]+$"
+
+
+class EvalConfig(Section):
+    every: int = Field(
+        0,
+        ge=0,
+        description="Evaluate the held-out set every this many policy versions during the run, through the "
+        "actor's own engine (0: only at the start and the end).",
+    )
+    samples: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="k: samples per held-out problem (pass@1 is their mean, pass@k any correct).",
+    )
+    name: str = Field(
+        "heldout",
+        pattern=_EVAL_SET_NAME,
+        description="The name, in metrics (eval/NAME/pass_at_1), of the set drawn from the task's own "
+        "held-out split.",
+    )
+    sets: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="More named eval sets: name -> task options that replace those of task.options for "
+        "that set, whose held-out split is evaluated too, e.g. {math500 = {dataset = '/data/math500.jsonl', "
+        "eval_fraction = 0.99}} or {chain_sum_long = {generator = 'chain_sum', params = {max_terms = 6}}}.",
+    )
+    greedy: bool = Field(
+        False,
+        description="Decode the eval sets greedily (temperature 0) instead of at actor.temperature; needs "
+        "actor.engine='vllm' (the transformers engine's batch samples every request at one temperature).",
+    )
+
+    @field_validator("sets")
+    @classmethod
+    def _set_names(cls, sets: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name in sets:
+            if not re.match(_EVAL_SET_NAME, name):
+                raise ValueError(f"eval set name {name!r} may use only letters, digits, '_' and '-'")
+        return sets
+
+    @model_validator(mode="after")
+    def _distinct_names(self) -> EvalConfig:
+        if self.name in self.sets:
+            raise ValueError(f"eval.sets names {self.name!r}, already eval.name (the task's own set)")
+        return self
+
+    def set_names(self) -> list[str]:
+        """Every eval set, the task's own first."""
+        return [self.name, *self.sets]
