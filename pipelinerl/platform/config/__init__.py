@@ -18,7 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipelinerl.platform.config.base import MODES, ConfigError, Mode, Section
 from pipelinerl.platform.config.experiment import (
@@ -67,7 +67,26 @@ __all__ = [
 ]
 
 
+def _nested(section: str, field: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "properties": {section: {"properties": {field: schema}, "required": [field]}},
+        "required": [section],
+    }
+
+
 class PipelineConfig(Section):
+    # The cross-section rule JSON Schema can say (the others are checked by _cross_checks only).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": _nested("eval", "greedy", {"const": True}),
+                    "then": _nested("actor", "engine", {"const": "vllm"}),
+                }
+            ]
+        }
+    )
+
     run: RunConfig = Field(default_factory=RunConfig, description="What to run and for how long.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
     task: TaskConfig = Field(default_factory=TaskConfig, description="The task and its splits.")

@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from pipelinerl.platform.config.base import Mode, Section
+from pipelinerl.platform.config.base import Mode, Section, requires_when
 
 
 class RunConfig(Section):
@@ -149,6 +149,14 @@ class TaskConfig(Section):
 
 
 class ActorConfig(Section):
+    # What the cross-checks of PipelineConfig say, in JSON Schema: Prefect's form refuses it at submission.
+    model_config = ConfigDict(
+        json_schema_extra=requires_when(
+            ("kv_cache_on_update", {"const": "recompute"}, "engine", "vllm"),
+            ("tensor_parallel_size", {"minimum": 2}, "engine", "vllm"),
+        )
+    )
+
     engine: Literal["transformers", "vllm"] = Field("transformers", description="Inference engine.")
     num_actors: int = Field(1, ge=1, le=64, description="Actor processes (each one engine).")
     max_in_flight: int = Field(32, ge=1, le=4096, description="H: sequences in flight per actor.")
@@ -258,6 +266,17 @@ _EVAL_SET_NAME = r"^[A-Za-z0-9_-]+$"
 
 
 class EvalConfig(Section):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {"properties": {"sets": {"minProperties": 1}}, "required": ["sets"]},
+                    "then": {"properties": {"every": {"minimum": 1}}, "required": ["every"]},
+                }
+            ]
+        }
+    )
+
     every: int = Field(
         0,
         ge=0,

@@ -1,0 +1,57 @@
+"""The run form refuses cross-field mistakes before submission: the rules PipelineConfig's validators
+enforce are also in the parameter schema, where Prefect's validation (what its form calls on submit,
+``/ui/schemas/validate``) finds them and names the field to change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prefect.utilities.callables import parameter_schema
+from prefect.utilities.schema_tools.validation import validate
+from pydantic import ValidationError
+
+from pipelinerl.flows.compare import compare
+from pipelinerl.flows.rl_run import rl_run
+from pipelinerl.flows.sweep import sweep
+from pipelinerl.platform.config import PipelineConfig
+
+
+def config_with(**sections: dict[str, Any]) -> dict[str, Any]:
+    data = PipelineConfig().model_dump(mode="json")
+    for section, values in sections.items():
+        data[section].update(values)
+    return data
+
+
+MISTAKES = [
+    ({"eval": {"greedy": True}}, "$.config.actor.engine"),
+    ({"actor": {"tensor_parallel_size": 2}}, "$.config.actor.engine"),
+    ({"actor": {"kv_cache_on_update": "recompute"}}, "$.config.actor.engine"),
+    ({"eval": {"sets": {"long": {"params": {"n": 5}}}, "every": 0}}, "$.config.eval.every"),
+]
+
+
+@pytest.mark.parametrize("flow", [rl_run, compare, sweep], ids=["rl-run", "compare", "sweep"])
+@pytest.mark.parametrize(("change", "path"), MISTAKES)
+def test_a_cross_field_mistake_is_refused_by_the_form_naming_the_field(flow, change, path) -> None:
+    data = config_with(**change)
+    with pytest.raises(ValidationError):
+        PipelineConfig.model_validate(data)  # the same rule, as the run checks it
+    errors = validate({"config": data}, parameter_schema(flow).model_dump())
+    assert [error.json_path for error in errors] == [path], [error.message for error in errors]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"eval": {"greedy": True}, "actor": {"engine": "vllm"}},
+        {"actor": {"engine": "vllm", "tensor_parallel_size": 2, "kv_cache_on_update": "recompute"}},
+        {"eval": {"sets": {"long": {}}, "every": 5}},
+        {"eval": {"greedy": False}},
+    ],
+)
+def test_the_same_settings_made_consistent_pass_both(change: dict[str, dict[str, Any]]) -> None:
+    data = config_with(**change)
+    PipelineConfig.model_validate(data)
+    assert validate({"config": data}, parameter_schema(rl_run).model_dump()) == []
