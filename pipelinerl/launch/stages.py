@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelinerl.launch.gpus import plan_actor_gpus, visible_gpus
 from pipelinerl.platform.config import PipelineConfig, Role
 
 SHUTDOWN_GRACE_S = 30.0
@@ -221,13 +222,19 @@ def build_stages(
             )
         )
     actor_python = actor_interpreter(config)
+    # vLLM actors on a node with GPUs: each sees its own (launch/gpus.py); elsewhere nothing changes.
+    gpus = visible_gpus() if config.actor.engine == "vllm" else []
+    actor_gpus = plan_actor_gpus(list(share.actor_ids), config.actor.tensor_parallel_size, gpus)
     for actor_id in share.actor_ids:
         command = [actor_python, "-m", "pipelinerl.workers.actor", *common, "--actor-id", str(actor_id)]
+        env = stage_env(config.actor.torch_threads)
+        if actor_id in actor_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = actor_gpus[actor_id]
         stages.append(
             Stage(
                 f"actor{actor_id}",
                 [*command, "--model-path", str(model_path)],
-                stage_env(config.actor.torch_threads),
+                env,
                 logs / f"actor{actor_id}.log",
                 tuple(config.actor.cpus),
             )

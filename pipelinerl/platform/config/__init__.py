@@ -129,6 +129,20 @@ class PipelineConfig(Section):
             raise ValueError(
                 f"eval.sets ({', '.join(self.eval.sets)}) are evaluated during the run: set eval.every too"
             )
+        gpus, tp = self.cluster.actor_gpus_per_node, self.actor.tensor_parallel_size
+        if gpus and self.actor.engine == "vllm" and self.cluster.placement == "pools":
+            if gpus % tp:
+                raise ValueError(
+                    f"actor.tensor_parallel_size={tp} must divide cluster.actor_gpus_per_node={gpus}: "
+                    "each actor takes that many GPUs of its node"
+                )
+            per_node = self.actor.num_actors // self.cluster.actor_nodes
+            if per_node * tp > gpus:
+                raise ValueError(
+                    f"{per_node} actor(s) per node (actor.num_actors={self.actor.num_actors} over "
+                    f"cluster.actor_nodes={self.cluster.actor_nodes}) x actor.tensor_parallel_size={tp} need "
+                    f"{per_node * tp} GPUs per node; cluster.actor_gpus_per_node={gpus}"
+                )
         if self.actor.tensor_parallel_size > 1 and self.actor.engine != "vllm":
             raise ValueError(
                 f"actor.tensor_parallel_size={self.actor.tensor_parallel_size} needs actor.engine='vllm' "

@@ -1,0 +1,62 @@
+"""Which GPUs each actor process of a node sees (``CUDA_VISIBLE_DEVICES``), decided before any starts.
+
+A vLLM engine takes the first GPUs it sees, so actor processes sharing a node must each be shown
+their own: actor ``k`` of the node gets ``actor.tensor_parallel_size`` GPUs of its own, in order,
+from the GPUs the node's job may use (its own ``CUDA_VISIBLE_DEVICES``, else every GPU
+``nvidia-smi`` lists). A node without GPUs (the CPU build, the transformers engine) gets no
+assignment: its actors see what the launcher sees.
+
+``plan_actor_gpus`` is pure; ``visible_gpus`` reads the environment. Both fail, naming the settings
+and what this node has, when the actors of a node need more GPUs than it has.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+
+from pipelinerl.platform.config import ConfigError
+
+
+class GpuPlanError(ConfigError):
+    """The actors of a node need more GPUs than it has; the message names the settings and the GPUs."""
+
+
+def visible_gpus(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The GPU ids this process may hand out: ``CUDA_VISIBLE_DEVICES`` when set (an empty value
+    hides every GPU), else the indices of the GPUs ``nvidia-smi -L`` lists, else none."""
+    environ = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        return [part.strip() for part in environ["CUDA_VISIBLE_DEVICES"].split(",") if part.strip()]
+    nvidia_smi = shutil.which("nvidia-smi")
+    if nvidia_smi is None:
+        return []
+    try:
+        listing = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(index) for index, line in enumerate(listing.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def plan_actor_gpus(
+    actor_ids: Sequence[int], tensor_parallel_size: int, gpus: Sequence[str]
+) -> dict[int, str]:
+    """``CUDA_VISIBLE_DEVICES`` for each of the node's actors: ``tensor_parallel_size`` GPUs each, in
+    order; ``{}`` when the node has no GPUs (its actors run on CPU)."""
+    if tensor_parallel_size < 1:
+        raise ValueError(f"actor.tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
+    if not gpus or not actor_ids:
+        return {}
+    needed = len(actor_ids) * tensor_parallel_size
+    if needed > len(gpus):
+        raise GpuPlanError(
+            f"{len(actor_ids)} actor(s) on this node x actor.tensor_parallel_size={tensor_parallel_size} "
+            f"need {needed} GPUs; this node has {len(gpus)} ({','.join(gpus)}). Lower actor.num_actors per "
+            "node (or raise cluster.actor_nodes) or actor.tensor_parallel_size, or give the node more GPUs"
+        )
+    return {
+        actor_id: ",".join(gpus[slot * tensor_parallel_size : (slot + 1) * tensor_parallel_size])
+        for slot, actor_id in enumerate(actor_ids)
+    }

@@ -1,0 +1,84 @@
+"""Each actor process of a node sees its own GPUs; too few GPUs stop the run before any process starts."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipelinerl.launch.gpus import GpuPlanError, plan_actor_gpus, visible_gpus
+from pipelinerl.launch.stages import build_stages
+from pipelinerl.platform.config import ConfigError, load_config
+
+
+def test_each_actor_gets_its_own_block_of_tensor_parallel_gpus_in_order() -> None:
+    assert plan_actor_gpus([0, 1], 1, ["0", "1", "2", "3"]) == {0: "0", 1: "1"}
+    assert plan_actor_gpus([4, 5], 2, ["2", "3", "6", "7"]) == {4: "2,3", 5: "6,7"}
+
+
+def test_a_node_without_gpus_assigns_nothing() -> None:
+    assert plan_actor_gpus([0, 1, 2], 1, []) == {}
+    assert plan_actor_gpus([], 2, ["0", "1"]) == {}
+
+
+def test_more_gpus_asked_than_the_node_has_is_refused_naming_the_settings() -> None:
+    with pytest.raises(
+        GpuPlanError,
+        match=r"3 actor\(s\) on this node x actor.tensor_parallel_size=2 need 6 GPUs; "
+        r"this node has 4 \(0,1,2,3\)",
+    ):
+        plan_actor_gpus([0, 1, 2], 2, ["0", "1", "2", "3"])
+    assert issubclass(GpuPlanError, ConfigError), "the CLI reports it as a bad setting"
+
+
+def test_visible_gpus_follow_cuda_visible_devices_then_nvidia_smi(tmp_path: Path, monkeypatch) -> None:
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2, 5"}) == ["2", "5"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: a)'\necho 'GPU 1: NVIDIA H100 (UUID: b)'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    assert subprocess.run(["nvidia-smi", "-L"], capture_output=True, check=True).stdout
+    assert visible_gpus({}) == ["0", "1"]
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert visible_gpus({}) == []
+
+
+def test_vllm_actor_stages_carry_their_gpus(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    config = load_config(
+        None,
+        [
+            "actor.engine=vllm",
+            "actor.num_actors=2",
+            "actor.tensor_parallel_size=2",
+            "actor.python=/bin/python3",
+        ],
+    )
+    stages = {stage.name: stage for stage in build_stages(config, tmp_path, tmp_path)}
+    assert stages["actor0"].env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert stages["actor1"].env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert stages["trainer0"].env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3", (
+        "the trainer's devices are not planned yet"
+    )
+    too_many = load_config(None, ["actor.engine=vllm", "actor.num_actors=3", "actor.tensor_parallel_size=2"])
+    with pytest.raises(GpuPlanError, match="need 6 GPUs"):
+        build_stages(too_many, tmp_path, tmp_path)
+
+
+def test_transformers_actors_keep_the_launcher_s_devices(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    stages = build_stages(load_config(None, ["actor.num_actors=2"]), tmp_path, tmp_path)
+    assert all(stage.env["CUDA_VISIBLE_DEVICES"] == "0" for stage in stages)
+
+
+def test_pool_settings_that_cannot_fit_are_refused_by_the_config() -> None:
+    base = ["actor.engine=vllm", "cluster.placement=pools", "run.output_dir=/shared/runs"]
+    with pytest.raises(ConfigError, match="must divide cluster.actor_gpus_per_node=3"):
+        load_config(None, [*base, "actor.tensor_parallel_size=2", "cluster.actor_gpus_per_node=3"])
+    with pytest.raises(
+        ConfigError, match=r"4 actor\(s\) per node .* need 4 GPUs per node; cluster.actor_gpus_per_node=2"
+    ):
+        load_config(None, [*base, "actor.num_actors=4", "cluster.actor_gpus_per_node=2"])
+    load_config(None, [*base, "actor.num_actors=4", "cluster.actor_nodes=2", "cluster.actor_gpus_per_node=2"])
