@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from pipelinerl.platform.config import ConfigError
 
@@ -38,6 +39,45 @@ def visible_gpus(environ: Mapping[str, str] | None = None) -> list[str]:
     except (OSError, subprocess.SubprocessError):
         return []
     return [str(index) for index, line in enumerate(listing.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def torch_sees_cuda() -> bool:
+    """Whether this environment's torch can use a GPU (a CPU build on a GPU node cannot)."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def trainer_device(setting: str, gpus: Sequence[str], torch_cuda: bool) -> Literal["cpu", "cuda"]:
+    """``trainer.device`` resolved on a node with ``gpus`` whose torch can (``torch_cuda``) use them."""
+    if setting == "cpu":
+        return "cpu"
+    if setting == "auto":
+        return "cuda" if gpus and torch_cuda else "cpu"
+    if setting != "cuda":
+        raise ValueError(f"trainer.device {setting!r} is not one of auto, cpu, cuda")
+    if not gpus:
+        raise GpuPlanError(
+            "trainer.device='cuda' but this node has no GPU (CUDA_VISIBLE_DEVICES is empty or unset and "
+            "nvidia-smi lists none); use trainer.device='cpu', or 'auto' to take a GPU where there is one"
+        )
+    if not torch_cuda:
+        raise GpuPlanError(
+            f"trainer.device='cuda': this node has GPUs ({','.join(gpus)}) but this environment's torch "
+            "cannot use them (a CPU build?); install a CUDA build of torch or use trainer.device='cpu'"
+        )
+    return "cuda"
+
+
+def plan_trainer_gpus(ranks_on_node: int, gpus: Sequence[str]) -> list[str]:
+    """The GPUs of the node's trainer ranks, one each, first in order (the actors take the rest)."""
+    if ranks_on_node > len(gpus):
+        raise GpuPlanError(
+            f"{ranks_on_node} trainer rank(s) on this node need a GPU each with trainer.device on cuda; "
+            f"this node has {len(gpus)} ({','.join(gpus) or 'none'}). Lower trainer.num_processes per node "
+            "(or raise cluster.trainer_nodes), or use trainer.device='cpu'"
+        )
+    return list(gpus[:ranks_on_node])
 
 
 def plan_actor_gpus(

@@ -25,7 +25,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelinerl.launch.gpus import plan_actor_gpus, visible_gpus
+from pipelinerl.launch.gpus import (
+    plan_actor_gpus,
+    plan_trainer_gpus,
+    torch_sees_cuda,
+    trainer_device,
+    visible_gpus,
+)
 from pipelinerl.platform.config import PipelineConfig, Role
 
 SHUTDOWN_GRACE_S = 30.0
@@ -192,8 +198,19 @@ def build_stages(
     common = ["--run-dir", str(run_dir)]
     stages = []
     world = config.trainer.num_processes
+    # GPUs of this node (launch/gpus.py): the trainer ranks take one each when they run on cuda, the
+    # vLLM actors the next ones; a node without GPUs assigns nothing.
+    gpus = visible_gpus()
+    device = (
+        trainer_device(config.trainer.device, gpus, bool(gpus) and torch_sees_cuda())
+        if share.trainer_ranks
+        else "cpu"
+    )
+    trainer_gpus = plan_trainer_gpus(len(share.trainer_ranks), gpus) if device == "cuda" else []
     for rank in share.trainer_ranks:
         env = stage_env(config.trainer.torch_threads)
+        if device == "cuda":  # every rank sees the node's trainer GPUs and takes LOCAL_RANK's
+            env.update(CUDA_VISIBLE_DEVICES=",".join(trainer_gpus), DS_ACCELERATOR="cuda")
         env.update(
             RANK=str(rank),
             LOCAL_RANK=str(rank % len(share.trainer_ranks)),
@@ -201,7 +218,10 @@ def build_stages(
             MASTER_ADDR=config.transport.host,
             MASTER_PORT=str(config.transport.port("trainer_dist")),
         )
-        command = [python, "-m", "pipelinerl.workers.trainer", *common, "--rank", str(rank)]
+        command = [
+            *[python, "-m", "pipelinerl.workers.trainer", *common],
+            *["--rank", str(rank), "--device", device],
+        ]
         stages.append(
             Stage(
                 f"trainer{rank}",
@@ -222,9 +242,11 @@ def build_stages(
             )
         )
     actor_python = actor_interpreter(config)
-    # vLLM actors on a node with GPUs: each sees its own (launch/gpus.py); elsewhere nothing changes.
-    gpus = visible_gpus() if config.actor.engine == "vllm" else []
-    actor_gpus = plan_actor_gpus(list(share.actor_ids), config.actor.tensor_parallel_size, gpus)
+    actor_gpus = plan_actor_gpus(
+        list(share.actor_ids),
+        config.actor.tensor_parallel_size,
+        gpus[len(trainer_gpus) :] if config.actor.engine == "vllm" else [],
+    )
     for actor_id in share.actor_ids:
         command = [actor_python, "-m", "pipelinerl.workers.actor", *common, "--actor-id", str(actor_id)]
         env = stage_env(config.actor.torch_threads)

@@ -32,15 +32,19 @@ class TokenRecord:
 
 
 def completion_logprobs(
-    model: Callable[..., object], sequences: Sequence[TrainSequence], temperature: float
+    model: Callable[..., object],
+    sequences: Sequence[TrainSequence],
+    temperature: float,
+    device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of each completion token under ``model``.
+    """Log-probs of each completion token under ``model`` (whose weights are on ``device``).
 
-    Returns ``(logprobs, mask)``, both ``[b, T-1]`` aligned with target positions 1..T-1 of the
-    padded rows; ``mask`` is True exactly at completion tokens.
+    Returns ``(logprobs, mask)``, both ``[b, T-1]`` on ``device``, aligned with target positions
+    1..T-1 of the padded rows; ``mask`` is True exactly at completion tokens.
     """
     rows = [np.concatenate([seq.prompt_token_ids, seq.completion_token_ids]).tolist() for seq in sequences]
     input_ids, attention_mask = pad_micro_batch(rows, pad_value=PAD_TOKEN_ID)
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     output = model(input_ids=input_ids, attention_mask=attention_mask.long())
     logits = output.logits[:, :-1].float() / temperature  # type: ignore[attr-defined]
     targets = input_ids[:, 1:]
@@ -61,7 +65,7 @@ def per_token(
         values = getattr(seq, field)
         start = len(seq.prompt_token_ids) - 1
         out[row, start : start + len(values)] = torch.as_tensor(np.asarray(values), dtype=dtype)
-    return out
+    return out.to(mask.device)  # built on the host, row by row; one copy to the model's device
 
 
 @dataclass
@@ -80,13 +84,16 @@ def micro_batch_loss(
     is_cap: float,
     ppo_clip_epsilon: float,
     temperature: float,
+    device: torch.device | str = "cpu",
 ) -> MicroBatchResult:
-    """The differentiable loss of one micro-batch, normalised by the step's ``num_sequences``."""
-    logprobs, mask = completion_logprobs(model, sequences, temperature)
+    """The differentiable loss of one micro-batch, normalised by the step's ``num_sequences``.
+
+    Inputs, loss and per-token statistics are computed on ``device`` (the model's); only the
+    ``TokenRecord`` that is logged comes back to the host."""
+    logprobs, mask = completion_logprobs(model, sequences, temperature, device)
     behaviour = per_token(sequences, mask, "behaviour_logprobs", torch.float32)
-    advantages = torch.zeros(mask.shape, dtype=torch.float32)
-    for row, seq in enumerate(sequences):
-        advantages[row] = seq.advantage
+    advantages = torch.tensor([seq.advantage for seq in sequences], dtype=torch.float32)
+    advantages = advantages[:, None].expand(mask.shape).contiguous().to(mask.device)
     if loss_name == "ppo_clip":
         out = ppo_clip_loss(
             logprobs, behaviour, advantages, mask, num_sequences, clip_epsilon=ppo_clip_epsilon
@@ -96,11 +103,11 @@ def micro_batch_loss(
     versions = per_token(sequences, mask, "token_versions", torch.int64)
     positions = torch.cumsum(mask.long(), dim=1) - 1
     record = TokenRecord(
-        trainer_logprobs=logprobs.detach()[mask].numpy().astype(np.float32),
-        behaviour_logprobs=behaviour[mask].numpy(),
-        token_versions=versions[mask].numpy().astype(np.int32),
-        token_positions=positions[mask].numpy().astype(np.int32),
-        ratio=out.ratio[mask].numpy().astype(np.float32),
+        trainer_logprobs=logprobs.detach()[mask].cpu().numpy().astype(np.float32),
+        behaviour_logprobs=behaviour[mask].cpu().numpy(),
+        token_versions=versions[mask].cpu().numpy().astype(np.int32),
+        token_positions=positions[mask].cpu().numpy().astype(np.int32),
+        ratio=out.ratio[mask].detach().cpu().numpy().astype(np.float32),
     )
     return MicroBatchResult(loss=out.loss, clipped_fraction=out.clipped_fraction, tokens=record)
 

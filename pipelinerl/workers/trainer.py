@@ -115,7 +115,9 @@ def publishes_after(config: PipelineConfig, policy_version: int) -> bool:
 
 
 class Trainer:
-    def __init__(self, config: PipelineConfig, run_dir: Path, rank: int, model_path: Path) -> None:
+    def __init__(
+        self, config: PipelineConfig, run_dir: Path, rank: int, model_path: Path, device: str = "cpu"
+    ) -> None:
         import deepspeed
         import torch
         from transformers import AutoModelForCausalLM
@@ -137,11 +139,13 @@ class Trainer:
             from pipelinerl.workers.engines.lm_head import float32_lm_head
 
             float32_lm_head(model)
-        if config.trainer.num_processes == 1:
+        if device == "cuda":  # one GPU per rank (the launcher shows each rank the node's trainer GPUs)
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        elif config.trainer.num_processes == 1:
             # One rank has nobody to share memory with: skip compiling DeepSpeed's CPU shared-memory
             # collective op (about a minute of g++ on a fresh machine).
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        deepspeed.init_distributed(dist_backend="gloo")
+        deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
         self.engine, *_ = deepspeed.initialize(
             model=model,
             model_parameters=model.parameters(),
@@ -354,6 +358,7 @@ class Trainer:
                 is_cap=config.rl.is_cap,
                 ppo_clip_epsilon=config.rl.ppo_clip_epsilon,
                 temperature=config.actor.temperature,
+                device=self.engine.device,
             )
             self.engine.backward(result.loss)
             records.append(result.tokens)
@@ -487,6 +492,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--model-path", type=Path, required=True)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="trainer.device, resolved")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s trainer{args.rank} %(levelname)s %(message)s"
@@ -495,8 +501,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(config.trainer.torch_threads)
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    Trainer(config, args.run_dir, args.rank, args.model_path).run()
+    os.environ.setdefault("DS_ACCELERATOR", args.device)
+    Trainer(config, args.run_dir, args.rank, args.model_path, device=args.device).run()
 
 
 if __name__ == "__main__":

@@ -241,6 +241,11 @@ class RLConfig(Section):
 
 
 class TrainerConfig(Section):
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where the trainer ranks run: cuda (one GPU per rank, NCCL among ranks), cpu (gloo), or "
+        "auto: cuda where the node has GPUs and torch can use them, else cpu.",
+    )
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage.")
     num_processes: int = Field(1, ge=1, le=64, description="Trainer ranks (data parallel).")
     learning_rate: float = Field(3e-5, gt=0, le=1, description="AdamW learning rate.")

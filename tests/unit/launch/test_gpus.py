@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from pipelinerl.launch.gpus import GpuPlanError, plan_actor_gpus, visible_gpus
+from pipelinerl.launch.gpus import (
+    GpuPlanError,
+    plan_actor_gpus,
+    plan_trainer_gpus,
+    trainer_device,
+    visible_gpus,
+)
 from pipelinerl.launch.stages import build_stages
 from pipelinerl.platform.config import ConfigError, load_config
 
@@ -82,3 +88,51 @@ def test_pool_settings_that_cannot_fit_are_refused_by_the_config() -> None:
     ):
         load_config(None, [*base, "actor.num_actors=4", "cluster.actor_gpus_per_node=2"])
     load_config(None, [*base, "actor.num_actors=4", "cluster.actor_nodes=2", "cluster.actor_gpus_per_node=2"])
+
+
+def test_the_trainer_device_resolves_from_the_setting_the_gpus_and_torch() -> None:
+    assert trainer_device("auto", [], torch_cuda=False) == "cpu"
+    assert trainer_device("auto", ["0"], torch_cuda=False) == "cpu", "a CPU build of torch on a GPU node"
+    assert trainer_device("auto", ["0"], torch_cuda=True) == "cuda"
+    assert trainer_device("cpu", ["0"], torch_cuda=True) == "cpu"
+    assert trainer_device("cuda", ["0"], torch_cuda=True) == "cuda"
+    with pytest.raises(GpuPlanError, match="trainer.device='cuda' but this node has no GPU"):
+        trainer_device("cuda", [], torch_cuda=False)
+    with pytest.raises(GpuPlanError, match="cannot use them"):
+        trainer_device("cuda", ["0", "1"], torch_cuda=False)
+
+
+def test_trainer_ranks_take_a_gpu_each_first() -> None:
+    assert plan_trainer_gpus(2, ["4", "5", "6"]) == ["4", "5"]
+    with pytest.raises(GpuPlanError, match=r"2 trainer rank\(s\) on this node need a GPU each"):
+        plan_trainer_gpus(2, ["0"])
+
+
+def test_on_a_gpu_node_the_trainer_takes_the_first_gpus_and_the_actors_the_next(
+    tmp_path: Path, monkeypatch
+) -> None:
+    import pipelinerl.launch.stages as stages_module
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    monkeypatch.setattr(stages_module, "torch_sees_cuda", lambda: True)
+    config = load_config(None, ["actor.engine=vllm", "actor.num_actors=2", "actor.python=/bin/python3"])
+    stages = {stage.name: stage for stage in build_stages(config, tmp_path, tmp_path)}
+    trainer = stages["trainer0"]
+    assert trainer.env["CUDA_VISIBLE_DEVICES"] == "0" and trainer.env["DS_ACCELERATOR"] == "cuda"
+    assert trainer.command[trainer.command.index("--device") + 1] == "cuda"
+    assert (stages["actor0"].env["CUDA_VISIBLE_DEVICES"], stages["actor1"].env["CUDA_VISIBLE_DEVICES"]) == (
+        "1",
+        "2",
+    )
+    on_cpu = load_config(None, ["trainer.device=cpu", "actor.engine=vllm", "actor.python=/bin/python3"])
+    cpu_stages = {stage.name: stage for stage in build_stages(on_cpu, tmp_path, tmp_path)}
+    assert cpu_stages["trainer0"].env["DS_ACCELERATOR"] == "cpu"
+    assert cpu_stages["actor0"].env["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_trainer_device_cuda_on_a_machine_without_gpus_stops_before_any_process(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(GpuPlanError, match="no GPU"):
+        build_stages(load_config(None, ["trainer.device=cuda"]), tmp_path, tmp_path)

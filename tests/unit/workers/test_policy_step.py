@@ -83,3 +83,44 @@ def test_version_switches_expand_in_order():
     assert switches.versions(7) == [2, 2, 2, 3, 3, 5, 5]
     assert VersionSwitches(0, [(0, 1)]).versions(3) == [1, 1, 1]
     assert VersionSwitches(0, [(9, 1)]).versions(3) == [0, 0, 0]
+
+
+def _loss_on(model, batch, device):
+    return micro_batch_loss(
+        model,
+        batch,
+        num_sequences=len(batch),
+        loss_name="truncated_is",
+        is_cap=5.0,
+        ppo_clip_epsilon=0.2,
+        temperature=0.7,
+        device=device,
+    )
+
+
+def test_an_explicit_cpu_device_changes_nothing(model):
+    batch = [sequence([1, 10], [12, 13, 2], advantage=0.5), sequence([1, 20, 21], [22, 2], advantage=-1.0)]
+    default = micro_batch_loss(
+        model,
+        batch,
+        num_sequences=2,
+        loss_name="truncated_is",
+        is_cap=5.0,
+        ppo_clip_epsilon=0.2,
+        temperature=0.7,
+    )
+    explicit = _loss_on(model, batch, "cpu")
+    assert float(explicit.loss) == pytest.approx(float(default.loss))
+    assert np.array_equal(explicit.tokens.ratio, default.tokens.ratio)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_loss_on_a_gpu_equals_the_loss_on_cpu_and_only_the_record_comes_back(model, random_model_dir):
+    batch = [sequence([1, 10], [12, 13, 2], advantage=0.5), sequence([1, 20, 21], [22, 2], advantage=-1.0)]
+    on_gpu = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32).cuda().eval()
+    gpu_result = _loss_on(on_gpu, batch, "cuda")
+    cpu_result = _loss_on(model, batch, "cpu")
+    assert gpu_result.loss.device.type == "cuda"
+    assert float(gpu_result.loss) == pytest.approx(float(cpu_result.loss), rel=1e-4)
+    assert gpu_result.tokens.trainer_logprobs == pytest.approx(cpu_result.tokens.trainer_logprobs, abs=1e-4)
