@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from math import lcm
 from pathlib import Path
@@ -387,26 +387,36 @@ TOPICS: tuple[Callable[[random.Random], Record], ...] = (
 TOPIC_PATIENCE = 200
 
 
-def generate(count: int = PROBLEM_COUNT, seed: int = SEED) -> list[Record]:
-    """``count`` distinct problems, topics in turn, all determined by ``seed``.
+TOPIC_NAMES: tuple[str, ...] = tuple(topic.__name__ for topic in TOPICS)
+
+
+def generate(
+    count: int = PROBLEM_COUNT, seed: int = SEED, topics: Sequence[str] | None = None
+) -> list[Record]:
+    """``count`` distinct problems, topics in turn, all determined by ``seed``; ``topics``: only these
+    (names from ``TOPIC_NAMES``), else all.
 
     A topic whose draws repeat ``TOPIC_PATIENCE`` times in a row has given all it can and is left out
     from then on; ValueError when every topic is spent before ``count``.
     """
+    if topics is not None:
+        unknown = [name for name in topics if name not in TOPIC_NAMES]
+        if unknown or not topics:
+            raise ValueError(f"math topics {list(topics)!r}: valid topics are {', '.join(TOPIC_NAMES)}")
     rng = random.Random(seed)
     records: list[Record] = []
     seen: set[str] = set()
-    topics = list(TOPICS)
+    pool = [topic for topic in TOPICS if topics is None or topic.__name__ in topics]
     turn = repeats = 0
     while len(records) < count:
-        if not topics:
+        if not pool:
             raise ValueError(f"the math generator has {len(records)} distinct problems, fewer than {count}")
-        topic = topics[turn % len(topics)]
+        topic = pool[turn % len(pool)]
         record = topic(rng)
         if record["problem"] in seen:
             repeats += 1
             if repeats == TOPIC_PATIENCE:
-                topics.remove(topic)
+                pool.remove(topic)
                 repeats = 0
             continue
         seen.add(record["problem"])

@@ -4,7 +4,8 @@ read into question / reference answer / worked solution records with train and e
 Layouts (``dataset``):
 
 * ``"shipped"``: ``pipelinerl/tasks/data/math.jsonl`` (``math_data.py`` writes it);
-* ``"generated:<count>"``: the same generator asked for ``count`` problems, built in memory;
+* ``"generated:<count>"``: the same generator asked for ``count`` problems, built in memory
+  (``"generated:<count>:<topic>,<topic>"``: of those topics only, ``math_data.TOPIC_NAMES``);
 * a ``.jsonl`` file (one JSON object a line) or a ``.parquet`` file (needs ``pyarrow``);
 * a directory holding ``train.jsonl`` (or ``.parquet``) and ``test.jsonl`` or ``validation.jsonl``:
   those are the splits;
@@ -190,14 +191,20 @@ def _read_tables(dataset: str) -> dict[str, _Table]:
 
 
 def _generated(dataset: str) -> _Table:
-    """``generated:<count>``: the shipped set's generator asked for more problems, built in memory
-    (the first 400 are the shipped set); for runs that need more data than the shipped file holds."""
-    count_text = dataset.removeprefix(GENERATED_PREFIX)
+    """``generated:<count>[:<topic>,<topic>...]``: the shipped set's generator asked for more problems,
+    built in memory (with every topic, the first 400 are the shipped set), optionally of some topics
+    only (``math_data.TOPIC_NAMES``); for runs that need more, or other, data than the shipped file."""
+    count_text, _, topics_text = dataset.removeprefix(GENERATED_PREFIX).partition(":")
     if not count_text.isdigit() or not 1 <= int(count_text) <= GENERATED_MAX:
         raise ValueError(
-            f"dataset {dataset!r}: give 'generated:<count>' with a count from 1 to {GENERATED_MAX}"
+            f"dataset {dataset!r}: give 'generated:<count>' with a count from 1 to {GENERATED_MAX}, "
+            "optionally ':<topic>,<topic>'"
         )
-    return _Table(dataset, list(generate(int(count_text))))
+    topics = [name.strip() for name in topics_text.split(",")] if topics_text else None
+    try:
+        return _Table(dataset, list(generate(int(count_text), topics=topics)))
+    except ValueError as error:
+        raise ValueError(f"dataset {dataset!r}: {error}") from None
 
 
 def _read_file(path: Path) -> _Table:

@@ -407,3 +407,12 @@ def test_a_generated_dataset_extends_the_shipped_set_in_memory():
     for bad in ("generated:0", "generated:many", "generated:999999999"):
         with pytest.raises(TaskError, match="generated:<count>"):
             get_task("math", dataset=bad)
+
+
+def test_a_generated_dataset_of_some_topics_only():
+    task = get_task("math", dataset="generated:300:power,what_percent")
+    problems = task.problems("train", 1000, 0) + task.problems("eval", 1000, 0)
+    assert len(problems) == 300
+    assert all(p.prompt.startswith("Compute $") or "is what percent of" in p.prompt for p in problems)
+    with pytest.raises(TaskError, match=r"valid topics are fraction_sum, .*sharing_word_problem"):
+        get_task("math", dataset="generated:300:powers")
