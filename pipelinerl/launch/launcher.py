@@ -33,6 +33,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipelinerl.launch.actor_env import check_actor_interpreter
 from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, LocalStages, RunStalled, StageFailed, StallWatch
 from pipelinerl.platform.checkpoint import CheckpointError, latest_checkpoint, starting_version
 from pipelinerl.platform.config import ConfigError, PipelineConfig, with_overrides
@@ -120,22 +121,6 @@ def check_cpus(config: PipelineConfig) -> None:
             raise ConfigError(
                 f"{setting}={cpus}: core(s) {missing} are not available here; valid: {sorted(available)}"
             )
-
-
-def check_actor_interpreter(config: PipelineConfig) -> None:
-    """The actor's Python exists here (the vllm engine lives in its own environment, DESIGN.md)."""
-    from pipelinerl.launch.stages import actor_interpreter
-    from pipelinerl.platform.config import ConfigError
-
-    python = actor_interpreter(config)
-    if Path(python).is_file():
-        return
-    if config.actor.python:
-        raise ConfigError(f"actor.python={python!r} does not exist")
-    raise ConfigError(
-        f"actor.engine='vllm' runs in the vLLM environment, and {python} does not exist: build it with "
-        "`make vllm-env`, or set actor.python to an interpreter that has vllm and this package"
-    )
 
 
 def resolve_model(config: PipelineConfig, console: Any = None) -> Path:

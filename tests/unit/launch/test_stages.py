@@ -80,7 +80,7 @@ def test_the_actor_interpreter_must_exist(tmp_path: Path, monkeypatch: pytest.Mo
     import sys
 
     from pipelinerl.launch import stages
-    from pipelinerl.launch.launcher import check_actor_interpreter
+    from pipelinerl.launch.actor_env import check_actor_interpreter
 
     check_actor_interpreter(config())  # this interpreter
     with pytest.raises(ConfigError, match="actor.python='/nowhere/python' does not exist"):
@@ -145,3 +145,45 @@ def test_the_stall_watch_counts_from_the_last_new_version_and_names_it():
     assert watch.stalled_for(1100.0) is None and watch.stalled_for(1111.0) == 61.0
     assert "no optimizer step for 61 s since policy version 3" in watch.describe(61.0)
     assert StallWatch(timeout_s=0, started=0.0).stalled_for(10**9) is None
+
+
+def fake_python(directory: Path, prints: str, code: int = 0) -> str:
+    """An "interpreter" that answers the vLLM version probe with ``prints`` and exits with ``code``."""
+    path = directory / "python"
+    path.write_text(f"#!/bin/sh\necho '{prints}'\nexit {code}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("prints", "code", "message"),
+    [
+        ("0.27.0", 0, r"has vllm 0\.27\.0; the engine needs vllm 0\.32 or newer"),
+        ("", 0, "has no vllm installed"),
+        ("", 1, "has no vllm installed"),
+        ("nonsense", 0, "has vllm nonsense"),
+    ],
+)
+def test_a_vllm_release_the_engine_cannot_run_is_refused_naming_it(tmp_path: Path, prints, code, message):
+    from pipelinerl.launch.actor_env import check_actor_interpreter
+
+    python = fake_python(tmp_path, prints, code)
+    with pytest.raises(ConfigError, match=message):
+        check_actor_interpreter(config("actor.engine=vllm", f"actor.python={python}"))
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.40.1", "1.0.0"])
+def test_supported_vllm_releases_pass(tmp_path: Path, version: str):
+    from pipelinerl.launch.actor_env import check_actor_interpreter, vllm_release
+
+    check_actor_interpreter(config("actor.engine=vllm", f"actor.python={fake_python(tmp_path, version)}"))
+    assert vllm_release(version) is not None
+
+
+def test_the_vllm_environment_this_checkout_builds_passes():
+    from pipelinerl.launch import stages
+    from pipelinerl.launch.actor_env import check_actor_interpreter
+
+    if not stages.vllm_python().is_file():
+        pytest.skip("no .venv-vllm here (make vllm-env builds it; make test does)")
+    check_actor_interpreter(config("actor.engine=vllm"))
