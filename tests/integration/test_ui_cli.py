@@ -21,7 +21,7 @@ TAKEN_PORT = worker_port(27004)
 
 
 def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=60) as response:  # a first page on a loaded machine
         return json.loads(response.read())
 
 
