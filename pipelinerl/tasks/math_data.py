@@ -12,6 +12,10 @@ percent-off prices, decimal products, powers (negative bases, negative exponents
 remainders, order of operations, means, and word problems (change, rates, sharing). Answers
 come as integers, negative numbers, fractions (``\\frac{3}{4}``, ``-\\frac{7}{3}``) and decimals
 (``12.5``), so the checker's equivalence (``0.5`` = ``1/2`` = ``\\frac{1}{2}``) matters.
+
+Three more topics, by name only, are sums worked column by column (``COLUMN_TOPICS``), which a tiny
+model can learn: an integer sum, a sum of fractions with one denominator (boxed unreduced, checked
+against the reference in lowest terms) and an equation ``x - b = c``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from math import lcm
 from pathlib import Path
+
+from pipelinerl.tasks.arithmetic import column_steps
 
 SHIPPED_PATH = Path(__file__).resolve().parent / "data" / "math.jsonl"
 SEED = 20261122
@@ -54,8 +60,9 @@ def decimal_text(value: Fraction) -> str:
     return ("-" if value < 0 else "") + text
 
 
-def _record(topic: str, problem: str, steps: list[str], answer: str) -> Record:
-    solution = "\n".join([*steps, f"The answer is \\boxed{{{answer}}}"])
+def _record(topic: str, problem: str, steps: list[str], answer: str, boxed: str | None = None) -> Record:
+    """``boxed``: the form the solution ends with when it is not ``answer``'s (an unreduced fraction)."""
+    solution = "\n".join([*steps, f"The answer is \\boxed{{{boxed or answer}}}"])
     return {"problem": problem, "solution": solution, "answer": answer, "topic": topic}
 
 
@@ -363,6 +370,47 @@ def sharing_word_problem(rng: random.Random) -> Record:
     return _record("sharing", problem, steps, fraction_latex(share))
 
 
+def _operands(rng: random.Random, max_digits: int) -> tuple[int, int]:
+    """Two positive integers, the longer of 1 to ``max_digits`` digits (uniform), the other no longer."""
+    longer = rng.randint(1, max_digits)
+    shorter = rng.randint(1, longer)
+    a = rng.randint(10 ** (longer - 1), 10**longer - 1)
+    b = rng.randint(10 ** (shorter - 1), 10**shorter - 1)
+    return (a, b) if rng.random() < 0.5 else (b, a)
+
+
+def _column_sum_steps(a: int, b: int) -> list[str]:
+    return ["By columns, right to left:", *column_steps(a, b)]
+
+
+def column_sum(rng: random.Random) -> Record:
+    a, b = _operands(rng, COLUMN_DIGITS)
+    return _record("column_sum", f"Compute ${a} + {b}$.", _column_sum_steps(a, b), str(a + b))
+
+
+def same_denominator_sum(rng: random.Random) -> Record:
+    a, b = _operands(rng, 2)
+    denominator = rng.randint(2, 19)
+    total = Fraction(a + b, denominator)
+    unreduced = f"\\frac{{{a + b}}}{{{denominator}}}"
+    steps = [
+        "One denominator: add the numerators.",
+        *_column_sum_steps(a, b),
+        f"The sum is ${unreduced}$.",
+    ]
+    problem = f"Compute $\\frac{{{a}}}{{{denominator}}} + \\frac{{{b}}}{{{denominator}}}$."
+    # The solution boxes the unreduced fraction and the reference is in lowest terms: math-verify
+    # must find the two equal.
+    return _record("same_denominator_sum", problem, steps, fraction_latex(total), boxed=unreduced)
+
+
+def missing_addend(rng: random.Random) -> Record:
+    b, c = _operands(rng, COLUMN_DIGITS)
+    steps = [f"Add {b} to both sides: $x = {c} + {b}$.", *_column_sum_steps(c, b)]
+    return _record("missing_addend", f"Solve for $x$: $x - {b} = {c}$.", steps, str(b + c))
+
+
+# The shipped set's topics (``generate``'s default; the shipped file is written from these).
 TOPICS: tuple[Callable[[random.Random], Record], ...] = (
     fraction_sum,
     fraction_product,
@@ -382,19 +430,29 @@ TOPICS: tuple[Callable[[random.Random], Record], ...] = (
     sharing_word_problem,
 )
 
+# Topics a small model can learn: sums worked column by column (the arithmetic task's lines) in
+# three guises, an integer sum, a fraction sum and an equation. Chosen by name only
+# (``generated:<count>:column_sum,same_denominator_sum,missing_addend``).
+COLUMN_TOPICS: tuple[Callable[[random.Random], Record], ...] = (
+    column_sum,
+    same_denominator_sum,
+    missing_addend,
+)
+COLUMN_DIGITS = 4
+
 
 # Draws of one topic in a row that may repeat earlier problems before the topic counts as spent.
 TOPIC_PATIENCE = 200
 
 
-TOPIC_NAMES: tuple[str, ...] = tuple(topic.__name__ for topic in TOPICS)
+TOPIC_NAMES: tuple[str, ...] = tuple(topic.__name__ for topic in (*TOPICS, *COLUMN_TOPICS))
 
 
 def generate(
     count: int = PROBLEM_COUNT, seed: int = SEED, topics: Sequence[str] | None = None
 ) -> list[Record]:
     """``count`` distinct problems, topics in turn, all determined by ``seed``; ``topics``: only these
-    (names from ``TOPIC_NAMES``), else all.
+    (names from ``TOPIC_NAMES``), else the shipped set's (``TOPICS``).
 
     A topic whose draws repeat ``TOPIC_PATIENCE`` times in a row has given all it can and is left out
     from then on; ValueError when every topic is spent before ``count``.
@@ -406,7 +464,7 @@ def generate(
     rng = random.Random(seed)
     records: list[Record] = []
     seen: set[str] = set()
-    pool = [topic for topic in TOPICS if topics is None or topic.__name__ in topics]
+    pool = list(TOPICS) if topics is None else [t for t in (*TOPICS, *COLUMN_TOPICS) if t.__name__ in topics]
     turn = repeats = 0
     while len(records) < count:
         if not pool:

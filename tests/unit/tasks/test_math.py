@@ -416,3 +416,24 @@ def test_a_generated_dataset_of_some_topics_only():
     assert all(p.prompt.startswith("Compute $") or "is what percent of" in p.prompt for p in problems)
     with pytest.raises(TaskError, match=r"valid topics are fraction_sum, .*sharing_word_problem"):
         get_task("math", dataset="generated:300:powers")
+
+
+def test_the_column_topics_are_sums_worked_by_columns_and_checked_by_equivalence():
+    """The topics a tiny model can learn (configs/math_columns.toml): every reference completion
+    scores correct; a fraction sum is boxed unreduced and still matches its reference in lowest terms."""
+    topics = "column_sum,same_denominator_sum,missing_addend"
+    task = get_task("math", dataset=f"generated:600:{topics}", instruction="")
+    problems = task.problems("train", 600, 0) + task.problems("eval", 600, 0)
+    assert len(problems) == 600
+    kinds = {p.prompt.split("$")[0] for p in problems}
+    assert kinds == {"Compute ", "Solve for "}
+    unreduced = 0
+    for problem in problems:
+        completion = task.reference_completion(problem)
+        assert "By columns, right to left:" in completion
+        assert task.score(problem, completion).label == "correct", (problem.prompt, completion)
+        boxed = completion.rsplit("\\boxed{", 1)[1][:-1]
+        unreduced += boxed != problem.answer
+    assert unreduced > 50, "fraction sums whose boxed form differs from the reference's"
+    wrong = task.reference_completion(problems[0]).rsplit("\\boxed{", 1)[0] + "\\boxed{-1}"
+    assert task.score(problems[0], wrong).label == "wrong"
