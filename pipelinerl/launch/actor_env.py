@@ -9,9 +9,11 @@ from pathlib import Path
 
 from pipelinerl.platform.config import PipelineConfig
 
-# The oldest vLLM the engine runs on: it uses 0.32's pause_generation(mode="keep"), per-output
-# weight_versions and reload_weights (docs/gpu.md).
-MIN_VLLM_VERSION = (0, 32)
+# The oldest vLLM the engine runs on: 0.26 has what it uses, pause_generation(mode="keep"),
+# collective_rpc into a worker extension and reload_weights; version stamps come from the workers'
+# own record, not from labels only newer releases have (vllm_engine.py, docs/gpu.md). The engine
+# tests run the newest release and 0.27, the oldest whose CPU build installs here.
+MIN_VLLM_VERSION = (0, 26)
 
 _VLLM_VERSION_PROBE = """
 import importlib.metadata as metadata
@@ -58,5 +60,5 @@ def check_actor_interpreter(config: PipelineConfig) -> None:
     if release is None or release < MIN_VLLM_VERSION:
         raise ConfigError(
             f"actor.engine='vllm': the actor's interpreter {python} has vllm {version}; the engine needs "
-            f"vllm {oldest} or newer (pause_generation(mode='keep'), weight_versions, reload_weights)"
+            f"vllm {oldest} or newer (pause_generation(mode='keep'), reload_weights)"
         )

@@ -57,9 +57,13 @@ def main() -> None:
                     done += engine.poll(0.5)
                 answer["sequences"] = [dataclasses.asdict(sequence) for sequence in done]
                 answer["in_flight"] = engine.num_in_flight
+                answer["stamp_disagreements"] = engine.stamp_disagreements
             elif name == "set":
                 engine.kv_cache_on_update = command["kv_cache_on_update"]
             elif name == "status":
+                import vllm
+
+                answer["vllm_version"] = vllm.__version__
                 answer["policy_version"] = engine.policy_version
                 answer["in_flight"] = engine.num_in_flight
             elif name == "close":

@@ -18,13 +18,21 @@ In-flight update (paper §3), one call of ``update_weights``:
    preempted and its prefix is recomputed under the new weights when generation resumes;
 2. ``load(workers)``: the worker extension (``vllm_extension.py``) receives the tensors over the
    weight group and loads them in one ``reload_weights`` call;
-3. ``update_weight_version(str(version))``: vLLM's engine core labels the output of every later
-   step with this version;
+3. the version stamp (below); on releases that have it, ``update_weight_version(str(version))``
+   too, which labels vLLM's own output (a cross-check only);
 4. ``resume_generation()``.
 
-Version stamps come from those labels: vLLM records, per request, the output-token index at which
-each label starts (``CompletionOutput.weight_versions``), and labels change only while the engine is
-paused, so the token index of a switch is exactly the first token sampled with the new weights.
+Version stamps come from the engine's own record, as in the transformers engine, so that they hold
+on every supported release (0.26 has no version labels, 0.27 no per-output ones): inside the pause,
+the workers report how many output tokens each request in their batch has produced
+(``tokens_in_flight``; preempted requests keep their state there); every later token of that
+request belongs to the new version. A request absent from that record either has not been
+scheduled yet (0 tokens: all of its tokens are the new version's) or has finished; a finished one
+is marked when its final output reaches this process, and gets no switch. Weights change only
+inside the pause and the record is read there, after the load, so nothing moves while it is read.
+Where vLLM also labels its output (``CompletionOutput.weight_versions``, 0.32), each completion's
+labels are compared with the stamps; a disagreement is logged and counted in
+``stamp_disagreements`` (the engine tests require 0).
 
 Prefix caching is off: with it, a new prompt that shares a prefix with an earlier one would reuse
 KV blocks written by older weights.
@@ -46,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pipelinerl.workers.engines.protocol import CompletedSequence
+from pipelinerl.workers.engines.protocol import CompletedSequence, VersionSwitches
 from pipelinerl.workers.engines.vllm_extension import EXTENSION
 
 logger = logging.getLogger(__name__)
@@ -163,7 +171,12 @@ class VLLMEngine:
             hf_overrides={"head_dtype": "float32"} if lm_head_fp32 else {},
         )
         self._results: queue.Queue[CompletedSequence | BaseException] = queue.Queue()
-        self._outstanding: set[str] = set()
+        # Per request still outstanding: the versions that wrote it (stamped in update_weights).
+        # _stamps_lock orders stamping (actor or weights thread) against a completion (loop thread).
+        self._outstanding: dict[str, VersionSwitches] = {}
+        self._finished: set[str] = set()
+        self._stamps_lock = threading.Lock()
+        self.stamp_disagreements = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine", daemon=True)
@@ -171,7 +184,9 @@ class VLLMEngine:
         started = time.perf_counter()
         try:
             self._engine = self._call(self._create(engine_args, cpu_threads))
-            self._call(self._engine.update_weight_version(str(policy_version)))
+            self._labels = hasattr(self._engine, "update_weight_version")  # 0.27 and newer
+            if self._labels:
+                self._call(self._engine.update_weight_version(str(policy_version)))
             if weight_group is not None:
                 self.rpc(
                     "pipelinerl_join_weight_group",
@@ -221,7 +236,8 @@ class VLLMEngine:
         """Start writing a completion; ``greedy``: at temperature 0 (evaluation) instead of the engine's."""
         prompt = list(prompt_token_ids)
         sampling = self._greedy_sampling if greedy else self._sampling
-        self._outstanding.add(request_id)
+        with self._stamps_lock:
+            self._outstanding[request_id] = VersionSwitches(self.policy_version)
         self._loop.call_soon_threadsafe(self._start_request, request_id, prompt, sampling)
 
     def _start_request(self, request_id: str, prompt: list[int], sampling: Any) -> None:
@@ -238,13 +254,18 @@ class VLLMEngine:
                 final = output
             if final is None or not final.finished:
                 raise RuntimeError(f"vLLM returned no final output for request {request_id}")
-            self._results.put(self._complete(request_id, prompt, final.outputs[0]))
+            with self._stamps_lock:
+                self._finished.add(request_id)
+                switches = self._outstanding[request_id]
+            self._results.put(self._complete(request_id, prompt, final.outputs[0], switches))
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # handed to the actor thread by poll
             self._results.put(RuntimeError(f"generation of {request_id} failed: {error!r}"))
 
-    def _complete(self, request_id: str, prompt: list[int], completion: Any) -> CompletedSequence:
+    def _complete(
+        self, request_id: str, prompt: list[int], completion: Any, switches: VersionSwitches
+    ) -> CompletedSequence:
         tokens = list(completion.token_ids)
         if completion.logprobs is None or len(completion.logprobs) != len(tokens):
             raise RuntimeError(f"request {request_id}: vLLM returned no log-prob for some tokens")
@@ -252,12 +273,23 @@ class VLLMEngine:
             float(position[token].logprob)
             for position, token in zip(completion.logprobs, tokens, strict=True)
         ]
+        stamped = switches.versions(len(tokens))
+        labels = getattr(completion, "weight_versions", None)  # vLLM 0.32 and newer
+        labelled = token_versions(labels, len(tokens), request_id) if labels is not None else stamped
+        if labelled != stamped:
+            self.stamp_disagreements += 1
+            logger.warning(
+                "request %s: stamped versions %s disagree with vLLM's labels %s",
+                request_id,
+                version_runs(stamped),
+                version_runs(labelled),
+            )
         return CompletedSequence(
             request_id=request_id,
             prompt_token_ids=prompt,
             completion_token_ids=tokens,
             behaviour_logprobs=logprobs,
-            token_versions=token_versions(completion.weight_versions, len(tokens), request_id),
+            token_versions=stamped,
             finished=bool(tokens) and tokens[-1] in self.eos_token_ids,
         )
 
@@ -274,7 +306,9 @@ class VLLMEngine:
         for item in items:
             if isinstance(item, BaseException):
                 raise item
-            self._outstanding.discard(item.request_id)
+            with self._stamps_lock:
+                self._outstanding.pop(item.request_id, None)
+                self._finished.discard(item.request_id)
             completed.append(item)
         if not completed and self._outstanding and self._engine.errored:
             raise RuntimeError(f"the vLLM engine died with {len(self._outstanding)} requests in flight")
@@ -311,15 +345,27 @@ class VLLMEngine:
             paused = time.perf_counter()
             load(workers)
             loaded = time.perf_counter()
-            self._call(self._engine.update_weight_version(str(new_version)))
+            self._stamp(new_version, workers.tokens_in_flight())
+            if self._labels:
+                self._call(self._engine.update_weight_version(str(new_version)))
             self.policy_version = new_version
         ended = time.perf_counter()
         self.last_update_s = {
             "pause": paused - started,
             "load": loaded - paused,
-            "label_resume": ended - loaded,
+            "label_resume": ended - loaded,  # stamping the versions, then resuming
         }
         return ended - started
+
+    def _stamp(self, new_version: int, in_flight: dict[str, tuple[int, int]]) -> None:
+        """Every outstanding request's later tokens belong to ``new_version`` (module docstring)."""
+        produced = {_given_id(request, self._outstanding): count for request, (count, _) in in_flight.items()}
+        with self._stamps_lock:
+            for request_id, switches in self._outstanding.items():
+                if request_id in produced:
+                    switches.switches.append((produced[request_id], new_version))
+                elif request_id not in self._finished:  # not scheduled yet: none of its tokens exist
+                    switches.switches.append((0, new_version))
 
     # ----- lifecycle -----
 
@@ -339,8 +385,25 @@ class VLLMEngine:
         self._thread.join(timeout=10)
 
 
+def _given_id(internal: str, given: dict[str, Any]) -> str:
+    """The request id the actor gave for vLLM's internal one (0.32 appends ``-<8 characters>``)."""
+    return internal if internal in given else internal.rsplit("-", 1)[0]
+
+
+def version_runs(versions: Sequence[int]) -> list[tuple[int, int]]:
+    """``(version, tokens)`` runs of a stamp list, for messages."""
+    runs: list[tuple[int, int]] = []
+    for version in versions:
+        if runs and runs[-1][0] == version:
+            runs[-1] = (version, runs[-1][1] + 1)
+        else:
+            runs.append((version, 1))
+    return runs
+
+
 def token_versions(spans: Sequence[Any] | None, num_tokens: int, request_id: str = "") -> list[int]:
-    """Per-token policy versions from vLLM's weight-version spans (``[start, end)`` and a label)."""
+    """Per-token policy versions from vLLM's weight-version labels (``[start, end)`` and a label),
+    where the release has them (the cross-check of the stamps)."""
     if num_tokens == 0:
         return []
     if not spans:

@@ -158,7 +158,7 @@ def fake_python(directory: Path, prints: str, code: int = 0) -> str:
 @pytest.mark.parametrize(
     ("prints", "code", "message"),
     [
-        ("0.27.0", 0, r"has vllm 0\.27\.0; the engine needs vllm 0\.32 or newer"),
+        ("0.25.1", 0, r"has vllm 0\.25\.1; the engine needs vllm 0\.26 or newer"),
         ("", 0, "has no vllm installed"),
         ("", 1, "has no vllm installed"),
         ("nonsense", 0, "has vllm nonsense"),
@@ -172,7 +172,7 @@ def test_a_vllm_release_the_engine_cannot_run_is_refused_naming_it(tmp_path: Pat
         check_actor_interpreter(config("actor.engine=vllm", f"actor.python={python}"))
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.40.1", "1.0.0"])
+@pytest.mark.parametrize("version", ["0.26.0", "0.27.0+cpu", "0.32.0", "0.32.0+cpu", "0.40.1", "1.0.0"])
 def test_supported_vllm_releases_pass(tmp_path: Path, version: str):
     from pipelinerl.launch.actor_env import check_actor_interpreter, vllm_release
 
@@ -187,3 +187,6 @@ def test_the_vllm_environment_this_checkout_builds_passes():
     if not stages.vllm_python().is_file():
         pytest.skip("no .venv-vllm here (make vllm-env builds it; make test does)")
     check_actor_interpreter(config("actor.engine=vllm"))
+    oldest = stages.vllm_python().parents[2] / ".venv-vllm-oldest" / "bin" / "python"
+    if oldest.is_file():  # the oldest supported release this machine installs (make vllm-env-oldest)
+        check_actor_interpreter(config("actor.engine=vllm", f"actor.python={oldest}"))
