@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipelinerl.platform.config.base import MODES, ConfigError, Mode, Section
+from pipelinerl.platform.config.base import MODES, ConfigError, Mode, Section, multiple_of_field, schema_at
 from pipelinerl.platform.config.experiment import (
     ActorConfig,
     EvalConfig,
@@ -67,22 +67,30 @@ __all__ = [
 ]
 
 
-def _nested(section: str, field: str, schema: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "properties": {section: {"properties": {field: schema}, "required": [field]}},
-        "required": [section],
-    }
-
-
 class PipelineConfig(Section):
-    # The cross-section rule JSON Schema can say (the others are checked by _cross_checks only).
+    # The cross-section rules, in JSON Schema too, so that Prefect's run form refuses a violation at
+    # submission naming the field (_cross_checks enforces them all; one it cannot say in JSON Schema,
+    # actors per node x tensor-parallel size within a node's GPUs, is refused when the flow starts).
     model_config = ConfigDict(
         json_schema_extra={
             "allOf": [
                 {
-                    "if": _nested("eval", "greedy", {"const": True}),
-                    "then": _nested("actor", "engine", {"const": "vllm"}),
-                }
+                    "if": schema_at("eval.greedy", {"const": True}),
+                    "then": schema_at("actor.engine", {"const": "vllm"}),
+                },
+                *multiple_of_field("rl.batch_size", "trainer.num_processes", 64),
+                *multiple_of_field("trainer.num_processes", "cluster.trainer_nodes", 64),
+                *multiple_of_field("actor.num_actors", "cluster.actor_nodes", 64),
+                *multiple_of_field(
+                    "cluster.actor_gpus_per_node",
+                    "actor.tensor_parallel_size",
+                    16,
+                    when=(
+                        schema_at("cluster.placement", {"const": "pools"}),
+                        schema_at("actor.engine", {"const": "vllm"}),
+                        schema_at("cluster.actor_gpus_per_node", {"minimum": 1}),
+                    ),
+                ),
             ]
         }
     )

@@ -32,3 +32,28 @@ def requires_when(*rules: tuple[str, dict[str, Any], str, Any]) -> dict[str, Any
             for field, condition, other, value in rules
         ]
     }
+
+
+def schema_at(path: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema requiring the field at dotted ``path`` (``"rl.batch_size"``) to meet ``schema``."""
+    *parents, leaf = path.split(".")
+    nested: dict[str, Any] = {"properties": {leaf: schema}, "required": [leaf]}
+    for parent in reversed(parents):
+        nested = {"properties": {parent: nested}, "required": [parent]}
+    return nested
+
+
+def multiple_of_field(
+    value: str, divisor: str, largest: int, when: tuple[dict[str, Any], ...] = ()
+) -> list[dict[str, Any]]:
+    """JSON Schema (``if``/``then`` entries for an ``allOf``) saying that the field ``value`` is a
+    multiple of the field ``divisor`` (dotted paths from the same object), ``when`` those conditions
+    hold too. JSON Schema's ``multipleOf`` takes a constant only, so there is one entry per possible
+    divisor, 2 to ``largest`` (the divisor field's maximum)."""
+    return [
+        {
+            "if": {"allOf": [schema_at(divisor, {"const": n}), *when]},
+            "then": schema_at(value, {"multipleOf": n}),
+        }
+        for n in range(2, largest + 1)
+    ]

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from pipelinerl.platform.config.base import Mode, Section, requires_when
+from pipelinerl.platform.config.base import Mode, Section, multiple_of_field, requires_when
 
 
 class RunConfig(Section):
@@ -196,6 +196,11 @@ class ActorConfig(Section):
 
 
 class RLConfig(Section):
+    # batch_size a multiple of group_size, in JSON Schema too (Prefect's form refuses a violation).
+    model_config = ConfigDict(
+        json_schema_extra={"allOf": [*multiple_of_field("batch_size", "group_size", 256)]}
+    )
+
     group_size: int = Field(4, ge=2, le=256, description="Samples per prompt; advantages are leave-one-out.")
     batch_size: int = Field(32, ge=1, description="B: sequences per optimizer step.")
     loss: Literal["truncated_is", "ppo_clip"] = Field(

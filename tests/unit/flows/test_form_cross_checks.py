@@ -29,6 +29,21 @@ MISTAKES = [
     ({"actor": {"tensor_parallel_size": 2}}, "$.config.actor.engine"),
     ({"actor": {"kv_cache_on_update": "recompute"}}, "$.config.actor.engine"),
     ({"eval": {"sets": {"long": {"params": {"n": 5}}}, "every": 0}}, "$.config.eval.every"),
+    # divisibility between two fields: JSON Schema's multipleOf takes a constant, so one rule per divisor
+    ({"rl": {"batch_size": 30, "group_size": 4}}, "$.config.rl.batch_size"),
+    ({"rl": {"batch_size": 32, "group_size": 4}, "trainer": {"num_processes": 3}}, "$.config.rl.batch_size"),
+    (
+        {"rl": {"batch_size": 48}, "trainer": {"num_processes": 3}, "cluster": {"trainer_nodes": 2}},
+        "$.config.trainer.num_processes",
+    ),
+    ({"actor": {"num_actors": 3}, "cluster": {"actor_nodes": 2}}, "$.config.actor.num_actors"),
+    (
+        {
+            "actor": {"engine": "vllm", "tensor_parallel_size": 2},
+            "cluster": {"placement": "pools", "actor_gpus_per_node": 3},
+        },
+        "$.config.cluster.actor_gpus_per_node",
+    ),
 ]
 
 
@@ -49,6 +64,17 @@ def test_a_cross_field_mistake_is_refused_by_the_form_naming_the_field(flow, cha
         {"actor": {"engine": "vllm", "tensor_parallel_size": 2, "kv_cache_on_update": "recompute"}},
         {"eval": {"sets": {"long": {}}, "every": 5}},
         {"eval": {"greedy": False}},
+        {
+            "rl": {"batch_size": 48, "group_size": 8},
+            "trainer": {"num_processes": 6},
+            "cluster": {"trainer_nodes": 3},
+        },
+        {"actor": {"num_actors": 4}, "cluster": {"actor_nodes": 2}},
+        {
+            "actor": {"engine": "vllm", "tensor_parallel_size": 2, "num_actors": 2},
+            "cluster": {"placement": "pools", "actor_gpus_per_node": 4},
+        },
+        {"actor": {"engine": "vllm", "tensor_parallel_size": 2}, "cluster": {"actor_gpus_per_node": 3}},
     ],
 )
 def test_the_same_settings_made_consistent_pass_both(change: dict[str, dict[str, Any]]) -> None:
