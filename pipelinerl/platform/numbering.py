@@ -12,12 +12,15 @@ Every socket that sends stamps its messages 1, 2, 3, ... under a stream name of 
 from wherever it starts.
 
 The number of streams tracked is bounded (``max_streams``, least recently seen dropped first), so a
-peer inventing stream names cannot grow a receiver's memory.
+peer inventing stream names cannot grow a receiver's memory. The streams a receiver expects (``pinned``:
+the run's own senders) are never dropped: a flood of invented names must not make a real stream's
+next number look like a gap from 1.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 
 DEFAULT_MAX_STREAMS = 1024
@@ -66,25 +69,32 @@ Verdict = InOrder | Gap | Replay
 class StreamNumbers:
     """The last number seen of each stream (at most ``max_streams`` streams)."""
 
-    def __init__(self, *, expect_first: bool, max_streams: int = DEFAULT_MAX_STREAMS) -> None:
+    def __init__(
+        self, *, expect_first: bool, max_streams: int = DEFAULT_MAX_STREAMS, pinned: Collection[str] = ()
+    ) -> None:
         if max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, got {max_streams}")
         self.expect_first = expect_first
         self.max_streams = max_streams
-        self._last: OrderedDict[str, int] = OrderedDict()
+        self.pinned = frozenset(pinned)
+        self._last: OrderedDict[str, int] = OrderedDict()  # streams not pinned, least recently seen first
+        self._pinned_last: dict[str, int] = {}
 
     def observe(self, stream: str, seq: int) -> Verdict:
         """Judge message ``seq`` of ``stream``; a replay leaves the record unchanged."""
-        last = self._last.get(stream)
+        record = self._pinned_last if stream in self.pinned else self._last
+        last = record.get(stream)
         if last is None:
             last = 0 if self.expect_first else seq - 1
         elif seq <= last:
-            self._last.move_to_end(stream)
+            if record is self._last:
+                self._last.move_to_end(stream)
             return Replay(stream, seq, last)
-        self._last[stream] = seq
-        self._last.move_to_end(stream)
-        while len(self._last) > self.max_streams:
-            self._last.popitem(last=False)
+        record[stream] = seq
+        if record is self._last:
+            self._last.move_to_end(stream)
+            while len(self._last) > self.max_streams:
+                self._last.popitem(last=False)
         if seq == last + 1:
             return InOrder(stream, seq)
         return Gap(stream, last + 1, seq)

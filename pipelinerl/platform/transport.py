@@ -24,8 +24,9 @@ Invariants:
   there (a message waits in the sender, where backpressure can see it, until a consumer connects).
 * ``LINGER`` is 0: closing a socket drops what it has not sent instead of hanging the process.
 * Messages are numbered per sending socket (``wire.Envelope``: a stream name, then 1, 2, ...). A
-  receiver counts numbers skipped (``lost_count``, logged with the gap) and numbers that come again
-  (rejected as replays). A receiver built with ``on_gap="fail"`` raises ``MessagesLost`` naming the
+  receiver counts numbers skipped (``lost_count``, logged with the gap; ``senders_lost_count``: of
+  the streams it was told to expect, the run's own senders) and numbers that come again (rejected as
+  replays). A receiver built with ``on_gap="fail"`` raises ``MessagesLost`` naming the
   gap instead: the trainer's batch inbox does, since a lost batch would leave the trainer and the
   preprocessor waiting for each other.
 * Every bound socket uses ZAP, also on loopback without CurveZMQ (a ZAP domain): libzmq then refuses a peer
@@ -52,6 +53,7 @@ import secrets
 import socket
 import time
 import weakref
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -370,6 +372,7 @@ class Receiver(_Socket):
         kernel_buffer_bytes: int | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         on_gap: Literal["count", "fail"] = "count",
+        senders: Collection[str] = (),
     ) -> None:
         if kind not in ("pull", "sub"):
             raise ValueError(f"Receiver kind must be 'pull' or 'sub', got {kind!r}")
@@ -388,8 +391,11 @@ class Receiver(_Socket):
         )
         self.on_gap = on_gap
         # A PULL sees each stream from its first message; a SUB may join one late (slow joiner).
-        self.numbers = StreamNumbers(expect_first=kind == "pull")
+        # The run's own senders' streams (``senders``) are tracked for good and their losses counted
+        # apart: a stranger's forged numbers make gaps only in its own streams.
+        self.numbers = StreamNumbers(expect_first=kind == "pull", pinned=senders)
         self.lost_count = 0
+        self.senders_lost_count = 0
         self.received_count = 0
         self.malformed_count = 0
         self.rejected_count = 0
@@ -463,6 +469,8 @@ class Receiver(_Socket):
 
     def _lost(self, gap: Gap) -> None:
         self.lost_count += gap.lost
+        if gap.stream in self.numbers.pinned:
+            self.senders_lost_count += gap.lost
         what = f"on {self.address}: {gap.describe()}"
         if self.on_gap == "fail":
             raise MessagesLost(

@@ -19,7 +19,8 @@ paper's baseline; by default the trainer takes each step as soon as its batch is
 
 Every batch sent appends a record to ``preprocessor.jsonl`` in the run directory: the step it feeds,
 the trainer's version then, the rollouts waiting here (incomplete groups and scored sequences not
-yet batched), rejected and malformed counts.
+yet batched), rejected and malformed counts. When it stops, ``preprocessor.final.json`` holds the
+same counts then, with what came after the last batch.
 
 Run: ``python -m pipelinerl.workers.preprocessor --run-dir runs/<id>`` (the launcher does).
 """
@@ -27,6 +28,7 @@ Run: ``python -m pipelinerl.workers.preprocessor --run-dir runs/<id>`` (the laun
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import time
 from collections import Counter, OrderedDict, defaultdict
@@ -349,6 +351,11 @@ def incomplete_groups_bound(config: PipelineConfig) -> int:
     return 4 * config.actor.num_actors * -(-in_flight // config.rl.group_size) + 16
 
 
+def final_counts_path(run_dir: Path) -> Path:
+    """The preprocessor's counts when it stopped (``rejection_counts`` and what it received)."""
+    return run_dir / "preprocessor.final.json"
+
+
 def rejection_counts(builder: BatchBuilder, rollouts: Receiver, notices: Receiver) -> dict[str, int]:
     """Everything this stage refused so far, as it goes into ``preprocessor.jsonl`` (running counts)."""
     return {
@@ -357,6 +364,7 @@ def rejection_counts(builder: BatchBuilder, rollouts: Receiver, notices: Receive
         "preprocessor/malformed": rollouts.malformed_count + notices.malformed_count,
         "preprocessor/peer_disconnects": rollouts.peer_disconnects,
         "preprocessor/lost": rollouts.lost_count,
+        "preprocessor/lost_from_actors": rollouts.senders_lost_count,
         "samples/dropped_stale": builder.dropped["stale"],
         "samples/dropped_zero_variance": builder.dropped["zero_variance"],
         "samples/dropped_incomplete_group": builder.dropped["incomplete_group"],
@@ -405,6 +413,7 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
         keys=keys,
         kernel_buffer_bytes=transport.socket_buffer_kib * 1024,
         max_message_bytes=transport.max_message_bytes,
+        senders=[f"actor{actor_id}" for actor_id in range(config.actor.num_actors)],
     )
     # A small queue towards each trainer rank: when it is busy, rollouts back up to the actors.
     # Shard i of the stream goes to rank i % ranks, so every optimizer step trains B sequences.
@@ -490,11 +499,24 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
                 builder.rejected += 1
                 logger.warning("rejected an unexpected %s on the rollout socket", type(message).__name__)
     finally:
+        final = rejection_counts(builder, rollouts, notices)
         logger.info(
             "preprocessor: %d batches, labels %s, rejections %s",
             builder.batches_made,
             dict(builder.labels),
-            rejection_counts(builder, rollouts, notices),
+            final,
+        )
+        # preprocessor.jsonl has a record per batch sent; what came after the last one (input read while
+        # the trainer finished) is counted here, so the run's files hold every count.
+        final_counts_path(run_dir).write_text(
+            json.dumps(
+                {
+                    **final,
+                    "preprocessor/received": rollouts.received_count,
+                    "preprocessor/batches_built": builder.batches_made,
+                    "time": time.time(),
+                }
+            )
         )
         for socket in (rollouts, notices, *inboxes):
             socket.close()

@@ -42,6 +42,7 @@ METRICS = (
     "preprocessor/rejected",
     "preprocessor/peer_disconnects",
     "preprocessor/lost",
+    "preprocessor/lost_from_actors",
     "actor/notices_lost",
 )
 _TRAINER_KEYS = (
@@ -77,6 +78,7 @@ _PREPROCESSOR_COUNTS = (
     "preprocessor/rejected",
     "preprocessor/peer_disconnects",
     "preprocessor/lost",
+    "preprocessor/lost_from_actors",
 )
 
 
@@ -104,7 +106,8 @@ def preprocessor_metrics(record: Mapping[str, Any]) -> dict[str, float]:
     """The rollout queue, the running counts of scored rollouts by label (``scores/correct``, ...), of
     samples dropped (``samples/dropped_stale``, ``samples/dropped_zero_variance``, ...) and of refused
     input (``preprocessor/malformed``, ``preprocessor/rejected``, ``preprocessor/peer_disconnects``) and
-    of rollouts numbered but never received (``preprocessor/lost``)."""
+    of rollouts numbered but never received (``preprocessor/lost``; of them, the run's actors'
+    ``preprocessor/lost_from_actors``)."""
     metrics = {"queue/rollouts": float(record["queue/rollouts"])}
     metrics.update({key: float(record[key]) for key in _PREPROCESSOR_COUNTS if key in record})
     metrics.update(

@@ -52,3 +52,21 @@ def test_streams_tracked_are_bounded_least_recent_dropped_first() -> None:
     assert isinstance(numbers.observe("b", 1), InOrder), "b was forgotten: its numbers start afresh"
     with pytest.raises(ValueError, match="max_streams"):
         StreamNumbers(expect_first=True, max_streams=0)
+
+
+def test_a_flood_of_invented_stream_names_never_drops_a_pinned_stream() -> None:
+    """The run's own senders are pinned: however many names a stranger invents, an actor's next number
+    is judged against its last one (unpinned, it would be forgotten and read as a gap from 1)."""
+    numbers = StreamNumbers(expect_first=True, max_streams=8, pinned=["actor0"])
+    for seq in range(1, 6):
+        assert isinstance(numbers.observe("actor0", seq), InOrder)
+    for index in range(1000):
+        numbers.observe(f"invented-{index}", 7)
+    assert isinstance(numbers.observe("actor0", 6), InOrder)
+    assert numbers.observe("actor0", 3) == Replay("actor0", 3, 6)
+    assert numbers.observe("actor0", 9) == Gap("actor0", 7, 9)
+    unpinned = StreamNumbers(expect_first=True, max_streams=8)
+    unpinned.observe("actor0", 1)
+    for index in range(1000):
+        unpinned.observe(f"invented-{index}", 7)
+    assert unpinned.observe("actor0", 2) == Gap("actor0", 1, 2), "forgotten, then a false gap"
