@@ -467,6 +467,66 @@ def learning(
         console.print(f"the paper's figures: {paper}", markup=False, highlight=False)
 
 
+@bench_app.command()
+def faults(
+    config_path: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="Experiment config (TOML); default: the embedded."),
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="Override on the config: section.key=value.")
+    ] = None,
+    seeds: Annotated[
+        str, typer.Option("--seeds", help="Seeds, comma-separated: one pair of runs each.")
+    ] = "0",
+    rate: Annotated[
+        int, typer.Option("--rate", min=1, help="Damaged frames per second sent to the rollout socket.")
+    ] = 500,
+    quick: QuickOption = False,
+    out: OutOption = None,
+) -> None:
+    """The same run undisturbed and under a flood of damaged and impossible input: learning, refusals
+    counted, nothing lost (docs/reliability.md)."""
+    from pipelinerl.bench.faults import TABLE_HEADERS, run_faults_bench, table_rows
+    from pipelinerl.bench.report import load_average, markdown_table, target_check
+    from pipelinerl.platform.config import ConfigError, load_config, with_overrides
+
+    try:
+        seed_values = [int(part) for part in seeds.split(",") if part.strip()]
+    except ValueError:
+        raise _fail(f"--seeds {seeds!r} must be comma-separated integers") from None
+    if not seed_values or any(seed < 0 for seed in seed_values):
+        raise _fail(f"--seeds needs one or more values >= 0 (got {seeds!r})")
+    try:
+        base = load_config(config_path, list(set_ or []))
+        if quick:
+            base = with_overrides(base, {"run.max_steps": 6, "task.eval_problems": 16})
+    except ConfigError as error:
+        raise _fail(str(error)) from None
+    load_before, started_at = load_average(), datetime.now(UTC)
+    status = lambda text: console.log(text, markup=False, highlight=False)  # noqa: E731
+    report = run_faults_bench(base, seeds=seed_values, rate=rate, on_status=status)
+    headline = report["headline"]
+    targets = {
+        "lost": target_check(headline["lost"], below=1),
+        "stranger_rollouts_trained": target_check(headline["stranger_rollouts_trained"], below=1),
+        "refused_counted": target_check(
+            headline["refused_counted"], at_least=headline["damaged_frames_sent"]
+        ),
+        "runs_finished": target_check(headline["runs_finished"], at_least=headline["runs"]),
+    }
+    _finish(
+        "faults",
+        report,
+        targets=targets,
+        settings={**report["details"].pop("settings"), "seeds": seed_values, "quick": quick},
+        out=out,
+        load_before=load_before,
+        started_at=started_at,
+        render=lambda record: markdown_table(TABLE_HEADERS, table_rows(record)),
+    )
+
+
 def _learning_from_record(path: Path, target_gain: float, out: Path | None) -> None:
     import json
 

@@ -13,6 +13,7 @@ import random
 import msgspec
 import pytest
 
+from pipelinerl.bench.fault_frames import mutate
 from pipelinerl.platform.wire import (
     MAX_STREAM_NAME,
     MESSAGE_TYPES,
@@ -26,33 +27,6 @@ from pipelinerl.platform.wire import (
 from tests.unit.platform.test_wire import ALL_MESSAGES, reject
 
 MUTATIONS_PER_RUN = 20_000
-
-
-def mutate(frames: list[bytes], rng: random.Random) -> list[bytes]:
-    """``frames`` with one random kind of damage."""
-    frames = list(frames) or [b""]
-    index = rng.randrange(len(frames))
-    frame = bytearray(frames[index])
-    kind = rng.randrange(7)
-    if kind == 0 and frame:  # overwrite a few bytes
-        for _ in range(rng.randint(1, 4)):
-            frame[rng.randrange(len(frame))] = rng.randrange(256)
-    elif kind == 1 and frame:  # flip one bit
-        frame[rng.randrange(len(frame))] ^= 1 << rng.randrange(8)
-    elif kind == 2:  # truncate
-        frame = frame[: rng.randrange(len(frame) + 1)]
-    elif kind == 3:  # insert bytes
-        at = rng.randrange(len(frame) + 1)
-        frame[at:at] = rng.randbytes(rng.randint(1, 8))
-    elif kind == 4:  # drop trailing frames
-        return frames[: rng.randrange(len(frames) + 1)]
-    elif kind == 5:  # add a frame
-        frames.insert(rng.randrange(len(frames) + 1), rng.randbytes(rng.randint(0, 16)))
-        return frames
-    else:  # replace by random bytes
-        frame = bytearray(rng.randbytes(rng.randint(0, 64)))
-    frames[index] = bytes(frame)
-    return frames
 
 
 def test_damaged_frames_of_every_message_decode_or_raise_malformed_only() -> None:

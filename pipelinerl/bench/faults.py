@@ -1,0 +1,315 @@
+"""``pipelinerl bench faults``: one config run undisturbed and run again under a flood of bad input.
+
+For each seed the same experiment runs twice, undisturbed and then flooded. The flood begins once
+the preprocessor has sent its first batch (the stages are up and warm) and lasts until the trainer
+has taken ``FLOOD_UNTIL`` of the run's steps (so the run reads all of it before it ends), aimed at
+the run's rollout socket, the receiving socket another process on the machine can reach
+(docs/reliability.md):
+
+* damaged, truncated, garbage and wrong-schema frames (``fault_frames.damaged_frames``) at ``rate``
+  frames per second;
+* at the start and then every ``IMPOSSIBLE_EVERY_S`` seconds, the run's own rollouts with impossible
+  values, groups that never complete and tokens outside the vocabulary
+  (``fault_frames.impossible_rollouts``);
+* at the start, ``OVERSIZED`` frames one byte over ``transport.max_message_mib``, on a connection of
+  their own (ZeroMQ drops such a peer).
+
+What each run wrote is the measurement: held-out success before and after (the summary), the
+preprocessor's counts of refused, lost and dropped input (``preprocessor.final.json``, its counts when
+it stopped), the trainer's refusals,
+the ids of every trained rollout (none may be a stranger's), and the preprocessor's memory while the
+flood lasts. The comparison of the two runs' learning is the point: bad input must cost nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pipelinerl.bench.fault_frames import damaged_frames, impossible_rollouts, numbered
+from pipelinerl.launch.launcher import RunResult, launch
+from pipelinerl.platform.config import PipelineConfig, with_overrides
+
+IMPOSSIBLE_EVERY_S = 5.0
+FLOOD_UNTIL = 0.75  # of the run's steps
+OVERSIZED = 5
+FIRST_BATCH_TIMEOUT_S = 600.0
+
+TABLE_HEADERS = (
+    "seed",
+    "run",
+    "held-out success",
+    "gain",
+    "damaged frames sent",
+    "impossible rollouts sent",
+    "refused and counted",
+    "lost",
+    "stranger rollouts trained",
+    "trainer refused",
+    "preprocessor memory (MiB)",
+    "steps",
+)
+
+
+@dataclass
+class Flood:
+    """What the flood sent, filled in by its thread."""
+
+    damaged: int = 0
+    impossible: int = 0
+    oversized: int = 0
+    rss_mib: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+def run_faults_bench(
+    base: PipelineConfig,
+    *,
+    seeds: Sequence[int],
+    rate: int,
+    on_status: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Each seed's run undisturbed, then flooded; the report's headline, details and notes."""
+    status = on_status or (lambda text: None)
+    bench_id = f"{datetime.now():%Y%m%d-%H%M%S}-bench-faults-{uuid.uuid4().hex[:6]}"
+    rows: list[dict[str, Any]] = []
+    for seed in seeds:
+        config = with_overrides(base, {"run.seed": seed})
+        status(f"[seed {seed}] undisturbed run")
+        undisturbed = launch(config, run_id=f"{bench_id}-s{seed}-undisturbed", on_status=status)
+        rows.append(run_row(seed, "undisturbed", undisturbed, Flood()))
+        status(f"[seed {seed}] flooded run ({rate} damaged frames/s at the rollout socket)")
+        flooded, flood = flooded_run(config, f"{bench_id}-s{seed}-flooded", rate, status)
+        rows.append(run_row(seed, "flooded", flooded, flood))
+    return summarize(rows, bench_id, base, rate)
+
+
+def flooded_run(
+    config: PipelineConfig, run_id: str, rate: int, status: Callable[[str], None]
+) -> tuple[RunResult, Flood]:
+    """``launch`` on a thread while this one floods the run's rollout socket until the run ends."""
+    run_dir = (config.run.output_dir / run_id).resolve()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = launch(config, run_id=run_id, on_status=status)
+        except BaseException as error:  # re-raised on the caller's thread
+            outcome["error"] = error
+
+    runner = threading.Thread(target=run, name="bench-faults-run")
+    runner.start()
+    flood = Flood()
+    try:
+        _wait_for_first_batch(run_dir, runner)
+        _flood(config, run_dir, rate, runner, flood)
+    finally:
+        runner.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    if flood.error is not None:
+        raise RuntimeError(f"the flood of run {run_id} failed: {flood.error}")
+    return outcome["result"], flood
+
+
+def _wait_for_first_batch(run_dir: Path, runner: threading.Thread) -> None:
+    records = run_dir / "preprocessor.jsonl"
+    deadline = time.monotonic() + FIRST_BATCH_TIMEOUT_S
+    while not (records.exists() and records.stat().st_size > 0):
+        if not runner.is_alive():
+            return  # the run ended (or failed) before its first batch: nothing to flood
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"run {run_dir.name}: no batch within {FIRST_BATCH_TIMEOUT_S:.0f} s")
+        time.sleep(0.2)
+
+
+def _flood(config: PipelineConfig, run_dir: Path, rate: int, runner: threading.Thread, flood: Flood) -> None:
+    import psutil
+    import zmq
+
+    from pipelinerl.tasks import build_task
+
+    problems = build_task(config.task).problems("train", config.task.train_problems, config.run.seed)
+    problem_ids = [problem.problem_id for problem in problems]
+    preprocessor = _stage_process(run_dir, "pipelinerl.workers.preprocessor")
+    address = config.transport.address("rollouts")
+    context = zmq.Context()
+    stranger = context.socket(zmq.PUSH)
+    stranger.setsockopt(zmq.SNDTIMEO, 1000)  # a run that stopped reading does not hang the bench
+    stranger.setsockopt(zmq.LINGER, 0)
+    oversized = context.socket(zmq.PUSH)
+    oversized.setsockopt(zmq.LINGER, 0)
+    try:
+        stranger.connect(address)
+        oversized.connect(address)
+        for _ in range(OVERSIZED):
+            oversized.send_multipart([b"x" * (config.transport.max_message_mib * 2**20 + 1)])
+            flood.oversized += 1
+        tick, chunk = 0.1, max(1, round(rate * 0.1))
+        next_impossible, seq = 0.0, 0
+        last_step = FLOOD_UNTIL * config.run.max_steps
+        while runner.is_alive() and _steps_trained(run_dir) < last_step:
+            started = time.monotonic()
+            if started >= next_impossible:
+                for rollouts in impossible_rollouts(run_dir.name, problem_ids, first=10**7 * seq).values():
+                    for rollout in rollouts:
+                        seq += 1
+                        with contextlib.suppress(zmq.Again):
+                            stranger.send_multipart(numbered(rollout, seq, "impossible"))
+                            flood.impossible += 1
+                next_impossible = started + IMPOSSIBLE_EVERY_S
+            for _, frames in damaged_frames(chunk, seed=config.run.seed, first=flood.damaged):
+                with contextlib.suppress(zmq.Again):
+                    stranger.send_multipart(frames)
+                    flood.damaged += 1
+            if preprocessor is not None:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    flood.rss_mib.append(preprocessor.memory_info().rss / 2**20)
+            time.sleep(max(0.0, tick - (time.monotonic() - started)))
+    except Exception as error:  # reported after the run ends; the run itself is never left running
+        flood.error = f"{type(error).__name__}: {error}"
+    finally:
+        stranger.close(linger=0)
+        oversized.close(linger=0)
+        context.term()
+
+
+def _steps_trained(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def _stage_process(run_dir: Path, module: str) -> Any:
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if module in cmdline and str(run_dir) in " ".join(cmdline):
+            return process
+    return None
+
+
+def run_row(seed: int, kind: str, run: RunResult, flood: Flood) -> dict[str, Any]:
+    """One run's figures, read from what it wrote."""
+    summary = run.summary
+    final = run.run_dir / "preprocessor.final.json"
+    last = json.loads(final.read_text()) if final.exists() else {}
+    trained = {rollout_id for record in run.records for rollout_id, _ in record.get("rollouts", [])}
+    return {
+        "seed": seed,
+        "run": kind,
+        "run_id": run.run_dir.name,
+        "success_start": summary.get("eval_success_start"),
+        "success_end": summary.get("eval_success_end"),
+        "gain": summary.get("eval_success_gain"),
+        "reward_first": summary.get("reward_mean_first"),
+        "reward_last": summary.get("reward_mean_last"),
+        "ess_mean": summary.get("ess_mean"),
+        "steps": summary.get("steps"),
+        "final_policy_version": summary.get("final_policy_version"),
+        "sent_damaged": flood.damaged,
+        "sent_impossible": flood.impossible,
+        "sent_oversized": flood.oversized,
+        "received": int(last.get("preprocessor/received", 0)),
+        "refused": int(last.get("preprocessor/malformed", 0) + last.get("preprocessor/rejected", 0)),
+        # The actors' messages lost; a stranger's damaged envelopes skip numbers of its own streams only.
+        "lost": int(last.get("preprocessor/lost_from_actors", 0)),
+        "lost_any_stream": int(last.get("preprocessor/lost", 0)),
+        "dropped_incomplete_groups": int(last.get("samples/dropped_incomplete_group", 0)),
+        "peer_disconnects": int(last.get("preprocessor/peer_disconnects", 0)),
+        "trainer_refused": int(run.records[-1].get("trainer/rejected", 0)) if run.records else 0,
+        "stranger_trained": sum(rollout_id.startswith("stranger") for rollout_id in trained),
+        "rss_mib": [round(min(flood.rss_mib), 1), round(max(flood.rss_mib), 1)] if flood.rss_mib else None,
+    }
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return statistics.median(present) if present else None
+
+
+def summarize(rows: list[dict[str, Any]], bench_id: str, base: PipelineConfig, rate: int) -> dict[str, Any]:
+    flooded = [row for row in rows if row["run"] == "flooded"]
+    undisturbed = {row["seed"]: row for row in rows if row["run"] == "undisturbed"}
+    differences = [
+        row["gain"] - undisturbed[row["seed"]]["gain"]
+        for row in flooded
+        if row["gain"] is not None and undisturbed[row["seed"]]["gain"] is not None
+    ]
+    growth = [row["rss_mib"][1] - row["rss_mib"][0] for row in flooded if row["rss_mib"]]
+    headline = {
+        "gain_undisturbed_median": _median([row["gain"] for row in undisturbed.values()]),
+        "gain_flooded_median": _median([row["gain"] for row in flooded]),
+        "gain_difference_median": _median(list(differences)),
+        "gain_difference_range": [min(differences), max(differences)] if differences else None,
+        "damaged_frames_sent": sum(row["sent_damaged"] for row in flooded),
+        "impossible_rollouts_sent": sum(row["sent_impossible"] for row in flooded),
+        "refused_counted": sum(row["refused"] for row in flooded),
+        "lost": sum(row["lost"] for row in rows),
+        "stranger_rollouts_trained": sum(row["stranger_trained"] for row in rows),
+        "preprocessor_growth_mib_max": max(growth) if growth else None,
+        "runs_finished": sum(row["steps"] == base.run.max_steps for row in rows),
+        "runs": len(rows),
+    }
+    notes = [
+        "Both runs of a seed use the same config and seed; pipelined runs are not bit-reproducible "
+        "(timing decides which policy version writes which token), so their gains differ by noise even "
+        "undisturbed: compare the difference with the spread over seeds.",
+        f"The flood aims at the rollout socket ({rate} damaged frames/s, impossible rollouts every "
+        f"{IMPOSSIBLE_EVERY_S:.0f} s, {OVERSIZED} oversized frames at the start), from the first batch "
+        f"until {FLOOD_UNTIL:.0%} of the steps are trained.",
+        "Refused counts every damaged frame and impossible rollout the preprocessor read, and also the "
+        "actor's own rollouts of groups the incomplete-group bound dropped when they completed late.",
+    ]
+    return {
+        "headline": headline,
+        "details": {
+            "rows": rows,
+            "settings": {
+                "bench_id": bench_id,
+                "rate": rate,
+                "max_steps": base.run.max_steps,
+                "batch_size": base.rl.batch_size,
+                "eval_problems": base.task.eval_problems,
+                "max_message_mib": base.transport.max_message_mib,
+            },
+        },
+        "notes": notes,
+    }
+
+
+def table_rows(record: dict[str, Any]) -> list[list[Any]]:
+    """The markdown table's rows (``TABLE_HEADERS``), one per run."""
+    rows = []
+    for row in record["rows"]:
+        flooded = row["run"] == "flooded"
+        rows.append(
+            [
+                row["seed"],
+                row["run"],
+                f"{_percent(row['success_start'])} -> {_percent(row['success_end'])}",
+                _percent(row["gain"]),
+                row["sent_damaged"] if flooded else "",
+                row["sent_impossible"] if flooded else "",
+                row["refused"],
+                row["lost"],
+                row["stranger_trained"],
+                row["trainer_refused"],
+                "" if not row["rss_mib"] else f"{row['rss_mib'][0]:.0f} -> {row['rss_mib'][1]:.0f}",
+                row["steps"],
+            ]
+        )
+    return rows
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f} %"

@@ -1,0 +1,58 @@
+"""``pipelinerl bench faults --quick`` for real: a run undisturbed and the same run flooded with
+damaged and impossible input at its rollout socket; the record says what was sent, refused, lost and
+trained (learning figures are meaningless at this size; no timing checks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import worker_port
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(600)
+def test_bench_faults_quick(tmp_path: Path, random_model_dir: Path):
+    out = tmp_path / "faults.json"
+    command = [
+        str(Path(sys.executable).parent / "pipelinerl"),
+        "bench",
+        "faults",
+        "--quick",
+        "--rate",
+        "2000",
+        *("--set", f"model.path={random_model_dir}"),
+        *("--set", f"run.output_dir={tmp_path / 'runs'}"),
+        *("--set", f"run.home={tmp_path / 'home'}"),
+        *("--set", "transport.max_message_mib=1"),
+        *("--set", f"transport.base_port={worker_port(28100)}"),
+        *("--out", str(out)),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=540, env=dict(os.environ))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "faults"
+    rows = {row["run"]: row for row in record["rows"]}
+    assert set(rows) == {"undisturbed", "flooded"}
+    quiet, flooded = rows["undisturbed"], rows["flooded"]
+    assert quiet["sent_damaged"] == 0 and quiet["refused"] == 0
+    # The flood was sent while the run trained, and every frame of it was refused and counted.
+    assert flooded["sent_damaged"] >= 1000, flooded
+    assert flooded["sent_impossible"] >= 316 and flooded["sent_oversized"] == 5
+    assert flooded["refused"] >= flooded["sent_damaged"], flooded
+    assert flooded["trainer_refused"] >= 16 or flooded["steps"] < 6
+    # Nothing lost, no stranger's rollout trained, both runs finished all their steps.
+    assert record["lost"] == 0 and record["stranger_rollouts_trained"] == 0
+    assert quiet["steps"] == flooded["steps"] == 6
+    assert record["runs_finished"] == record["runs"] == 2
+    assert flooded["rss_mib"] is not None and flooded["rss_mib"][1] - flooded["rss_mib"][0] < 100
+    assert record["targets"]["lost"]["met"] and record["targets"]["refused_counted"]["met"]
+    for kind in ("undisturbed", "flooded"):  # both learning figures measured
+        assert rows[kind]["success_start"] is not None and rows[kind]["success_end"] is not None
+    assert "| 0 | flooded |" in done.stdout
