@@ -510,8 +510,10 @@ def faults(
     targets = {
         "lost": target_check(headline["lost"], below=1),
         "stranger_rollouts_trained": target_check(headline["stranger_rollouts_trained"], below=1),
-        "refused_counted": target_check(
-            headline["refused_counted"], at_least=headline["damaged_frames_sent"]
+        # bad input costs no learning: the flooded runs' median gain within 5 points of the undisturbed
+        "gain_flooded_median": target_check(
+            headline["gain_flooded_median"],
+            at_least=(headline["gain_undisturbed_median"] or 0.0) - 0.05,
         ),
         "runs_finished": target_check(headline["runs_finished"], at_least=headline["runs"]),
     }

@@ -52,7 +52,8 @@ TABLE_HEADERS = (
     "damaged frames sent",
     "impossible rollouts sent",
     "refused and counted",
-    "lost",
+    "unread at the end",
+    "lost from the actors",
     "stranger rollouts trained",
     "trainer refused",
     "preprocessor memory (MiB)",
@@ -203,6 +204,7 @@ def run_row(seed: int, kind: str, run: RunResult, flood: Flood) -> dict[str, Any
     summary = run.summary
     final = run.run_dir / "preprocessor.final.json"
     last = json.loads(final.read_text()) if final.exists() else {}
+    refused = int(last.get("preprocessor/malformed", 0) + last.get("preprocessor/rejected", 0))
     trained = {rollout_id for record in run.records for rollout_id, _ in record.get("rollouts", [])}
     return {
         "seed": seed,
@@ -220,7 +222,9 @@ def run_row(seed: int, kind: str, run: RunResult, flood: Flood) -> dict[str, Any
         "sent_impossible": flood.impossible,
         "sent_oversized": flood.oversized,
         "received": int(last.get("preprocessor/received", 0)),
-        "refused": int(last.get("preprocessor/malformed", 0) + last.get("preprocessor/rejected", 0)),
+        "refused": refused,
+        # At most what the stranger sent and the stage never read: still queued when the run ended.
+        "unread": max(0, flood.damaged + flood.impossible - refused),
         # The actors' messages lost; a stranger's damaged envelopes skip numbers of its own streams only.
         "lost": int(last.get("preprocessor/lost_from_actors", 0)),
         "lost_any_stream": int(last.get("preprocessor/lost", 0)),
@@ -254,6 +258,7 @@ def summarize(rows: list[dict[str, Any]], bench_id: str, base: PipelineConfig, r
         "damaged_frames_sent": sum(row["sent_damaged"] for row in flooded),
         "impossible_rollouts_sent": sum(row["sent_impossible"] for row in flooded),
         "refused_counted": sum(row["refused"] for row in flooded),
+        "unread_at_end": sum(row["unread"] for row in flooded),
         "lost": sum(row["lost"] for row in rows),
         "stranger_rollouts_trained": sum(row["stranger_trained"] for row in rows),
         "preprocessor_growth_mib_max": max(growth) if growth else None,
@@ -269,6 +274,9 @@ def summarize(rows: list[dict[str, Any]], bench_id: str, base: PipelineConfig, r
         f"until {FLOOD_UNTIL:.0%} of the steps are trained.",
         "Refused counts every damaged frame and impossible rollout the preprocessor read, and also the "
         "actor's own rollouts of groups the incomplete-group bound dropped when they completed late.",
+        "ZeroMQ's PULL reads its peers in turn, so the stranger's frames are read at most as often as the "
+        "actor's rollouts while the preprocessor is busy: a flood faster than that waits in the socket "
+        "buffers (unread at the end: sent minus refused, an upper bound) and cannot starve the actor.",
     ]
     return {
         "headline": headline,
@@ -301,6 +309,7 @@ def table_rows(record: dict[str, Any]) -> list[list[Any]]:
                 row["sent_damaged"] if flooded else "",
                 row["sent_impossible"] if flooded else "",
                 row["refused"],
+                row["unread"] if flooded else "",
                 row["lost"],
                 row["stranger_trained"],
                 row["trainer_refused"],
