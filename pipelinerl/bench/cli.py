@@ -38,6 +38,13 @@ OutOption = Annotated[
 ThreadsOption = Annotated[
     int, typer.Option("--threads", min=1, help="torch threads (the actor's default is 1).")
 ]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="Base experiment config (TOML); default: the embedded."),
+]
+SetOption = Annotated[
+    list[str] | None, typer.Option("--set", "-s", help="Override on the base config: section.key=value.")
+]
 SeedOption = Annotated[int, typer.Option("--seed", min=0, help="Seed for prompts, sampling and rollouts.")]
 ModelOption = Annotated[
     Path | None,
@@ -332,13 +339,8 @@ def transport(
 
 @bench_app.command()
 def learning(
-    config_path: Annotated[
-        Path | None,
-        typer.Option("--config", "-c", help="Base experiment config (TOML); default: the embedded."),
-    ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", "-s", help="Override on the base config: section.key=value.")
-    ] = None,
+    config_path: ConfigOption = None,
+    set_: SetOption = None,
     task: Annotated[
         str | None,
         typer.Option(
@@ -469,13 +471,8 @@ def learning(
 
 @bench_app.command()
 def faults(
-    config_path: Annotated[
-        Path | None,
-        typer.Option("--config", "-c", help="Experiment config (TOML); default: the embedded."),
-    ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", "-s", help="Override on the config: section.key=value.")
-    ] = None,
+    config_path: ConfigOption = None,
+    set_: SetOption = None,
     seeds: Annotated[
         str, typer.Option("--seeds", help="Seeds, comma-separated: one pair of runs each.")
     ] = "0",
