@@ -274,6 +274,8 @@ class Actor:
             policy_version=starting_version(self.config.run.resume_from),
             kv_cache_on_update=actor.kv_cache_on_update,
             kv_cache_gib=actor.kv_cache_gib,
+            gpu_memory_utilization=actor.gpu_memory_utilization,
+            cuda_graphs=actor.cuda_graphs,
             lm_head_fp32=self.config.model.lm_head_fp32,
             dtype=policy_dtype_name(self.config.model.dtype),
             cpu_threads=actor.torch_threads,

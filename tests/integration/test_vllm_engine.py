@@ -417,7 +417,7 @@ def test_nccl_weight_group_and_tensor_parallel_engine(tensor_parallel_size, tmp_
                     "max_prompt_tokens": 8,
                     "temperature": TEMPERATURE,
                     "tensor_parallel_size": tensor_parallel_size,
-                    "enforce_eager": False,
+                    "cuda_graphs": "on",
                     "kv_cache_gib": 2,
                 },
             }

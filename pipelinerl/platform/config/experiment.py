@@ -174,7 +174,24 @@ class ActorConfig(Section):
         "weights (the paper's behaviour), or clear it so in-flight prefixes are recomputed under the new "
         "ones.",
     )
-    kv_cache_gib: float = Field(1.0, gt=0, description="vllm engine: memory for the KV cache, in GiB.")
+    kv_cache_gib: float | None = Field(
+        None,
+        gt=0,
+        description="vllm engine: memory for the KV cache, in GiB. Empty: 1 GiB on CPU; on a GPU, what "
+        "actor.gpu_memory_utilization leaves beside the weights and activations.",
+    )
+    gpu_memory_utilization: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="vllm engine on a GPU, when actor.kv_cache_gib is empty: the fraction of the GPU's "
+        "memory vLLM may take (weights, activations, KV cache). Lower it when the trainer shares the GPU.",
+    )
+    cuda_graphs: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="vllm engine: capture CUDA graphs for decoding (auto: on a GPU; vLLM's CPU build runs "
+        "eagerly, and 'on' there is refused).",
+    )
     tensor_parallel_size: int = Field(
         1,
         ge=1,

@@ -60,10 +60,46 @@ from pipelinerl.workers.engines.vllm_extension import EXTENSION
 logger = logging.getLogger(__name__)
 
 KvCacheOnUpdate = Literal["keep", "recompute"]
+CudaGraphs = Literal["auto", "on", "off"]
 T = TypeVar("T")
 
 # vLLM's CPU attention kernels take KV-cache blocks in multiples of 32 tokens.
 CPU_BLOCK_SIZE = 32
+CPU_KV_CACHE_GIB = 1.0
+
+
+def device_engine_args(
+    *,
+    on_cpu: bool,
+    max_model_len: int,
+    kv_cache_gib: float | None,
+    gpu_memory_utilization: float,
+    cuda_graphs: CudaGraphs,
+) -> dict[str, Any]:
+    """The engine arguments that differ between vLLM's CPU build and a GPU.
+
+    CPU: KV-cache blocks of ``CPU_BLOCK_SIZE`` tokens, a cache of ``kv_cache_gib`` (1 GiB when empty), a
+    token budget per step of at least one whole sequence, eager execution. GPU: vLLM's own block size
+    and token budget, the cache sized by ``kv_cache_gib`` when given, else by ``gpu_memory_utilization``,
+    and CUDA graphs unless ``cuda_graphs`` is "off".
+    """
+    if cuda_graphs not in ("auto", "on", "off"):
+        raise ValueError(f"cuda_graphs={cuda_graphs!r}: expected 'auto', 'on' or 'off'")
+    if on_cpu:
+        if cuda_graphs == "on":
+            raise ValueError("actor.cuda_graphs='on' needs a GPU: vLLM's CPU build runs eagerly")
+        return {
+            "block_size": CPU_BLOCK_SIZE,
+            "max_num_batched_tokens": max(max_model_len, 2048),
+            "kv_cache_memory_bytes": int((kv_cache_gib or CPU_KV_CACHE_GIB) * 2**30),
+            "enforce_eager": True,
+        }
+    cache: dict[str, Any] = (
+        {"kv_cache_memory_bytes": int(kv_cache_gib * 2**30)}
+        if kv_cache_gib is not None
+        else {"gpu_memory_utilization": gpu_memory_utilization}
+    )
+    return {**cache, "enforce_eager": cuda_graphs == "off"}
 
 
 @dataclass(frozen=True)
@@ -119,14 +155,16 @@ class VLLMEngine:
         kv_cache_on_update: KvCacheOnUpdate = "keep",
         weight_group: WeightGroupAddress | None = None,
         dtype: str = "float32",
-        kv_cache_gib: float = 1.0,
+        kv_cache_gib: float | None = None,
+        gpu_memory_utilization: float = 0.9,
+        cuda_graphs: CudaGraphs = "auto",
         lm_head_fp32: bool = False,
         tensor_parallel_size: int = 1,
-        enforce_eager: bool = True,
         cpu_threads: int | None = None,
     ) -> None:
         from vllm import SamplingParams
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.sampling_params import RequestOutputKind
 
         if kv_cache_on_update not in ("keep", "recompute"):
@@ -158,17 +196,20 @@ class VLLMEngine:
             seed=seed,
             max_model_len=max_model_len,
             max_num_seqs=max_in_flight,
-            max_num_batched_tokens=max(max_model_len, 2048),
-            kv_cache_memory_bytes=int(kv_cache_gib * 2**30),
-            block_size=CPU_BLOCK_SIZE,
             enable_prefix_caching=False,  # old-weights KV blocks must not serve new prompts
-            enforce_eager=enforce_eager,
             tensor_parallel_size=tensor_parallel_size,
             logprobs_mode="processed_logprobs",  # behaviour log-probs after temperature
             worker_extension_cls=EXTENSION,
             disable_log_stats=True,
             # vLLM's switch for an fp32 head (model.lm_head_fp32, lm_head.py); a no-op with float32 weights.
             hf_overrides={"head_dtype": "float32"} if lm_head_fp32 else {},
+            **device_engine_args(
+                on_cpu=current_platform.is_cpu(),
+                max_model_len=max_model_len,
+                kv_cache_gib=kv_cache_gib,
+                gpu_memory_utilization=gpu_memory_utilization,
+                cuda_graphs=cuda_graphs,
+            ),
         )
         self._results: queue.Queue[CompletedSequence | BaseException] = queue.Queue()
         # Per request still outstanding: the versions that wrote it (stamped in update_weights).

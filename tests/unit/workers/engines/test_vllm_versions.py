@@ -50,3 +50,23 @@ def test_recompute_needs_the_vllm_engine():
         load_config(overrides=["actor.kv_cache_on_update=recompute"])
     with pytest.raises(ConfigError, match="actor.kv_cache_on_update"):
         load_config(overrides=["actor.engine=vllm", "actor.kv_cache_on_update=drop"])
+
+
+def test_vllm_internal_request_ids_map_back_to_the_actor_s():
+    """vLLM 0.32 appends ``-<8 characters>`` to a request id; 0.27 keeps it. Either maps back, and an id
+    that itself holds a dash is not confused with a shorter one."""
+    from pipelinerl.workers.engines.vllm_engine import _given_id
+
+    given = {"a0-p12-x": None, "a0-p12": None, "r1": None}
+    assert _given_id("r1-1a2b3c4d", given) == "r1"
+    assert _given_id("r1", given) == "r1"
+    assert _given_id("a0-p12-x", given) == "a0-p12-x"
+    assert _given_id("a0-p12-x-1a2b3c4d", given) == "a0-p12-x"
+    assert _given_id("a0-p12-1a2b3c4d", given) == "a0-p12"
+
+
+def test_version_runs_name_each_span_for_messages():
+    from pipelinerl.workers.engines.vllm_engine import version_runs
+
+    assert version_runs([0, 0, 1, 1, 1, 3]) == [(0, 2), (1, 3), (3, 1)]
+    assert version_runs([]) == []
