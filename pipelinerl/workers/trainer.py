@@ -62,6 +62,8 @@ def deepspeed_config(config: PipelineConfig, bf16: bool = False) -> dict[str, An
         "zero_optimization": {"stage": trainer.zero_stage},
         "steps_per_print": 10**9,
     }
+    if trainer.offload_optimizer:
+        ds_config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if bf16:
         ds_config["bf16"] = {"enabled": True}
     if trainer.warmup_steps:
@@ -139,6 +141,8 @@ class Trainer:
             from pipelinerl.workers.engines.lm_head import float32_lm_head
 
             float32_lm_head(model)
+        if config.trainer.activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if device == "cuda":  # one GPU per rank (the launcher shows each rank the node's trainer GPUs)
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         elif config.trainer.num_processes == 1:

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from pipelinerl.platform.config.base import Mode, Section, multiple_of_field, requires_when
+from pipelinerl.platform.config.base import Mode, Section, multiple_of_field, requires_when, schema_at
 
 
 class RunConfig(Section):
@@ -263,12 +263,34 @@ class RLConfig(Section):
 
 
 class TrainerConfig(Section):
+    # offload_optimizer needs ZeRO (stage 1 or more), in JSON Schema too (Prefect's form refuses it).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": schema_at("offload_optimizer", {"const": True}),
+                    "then": schema_at("zero_stage", {"minimum": 1}),
+                }
+            ]
+        }
+    )
+
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto",
         description="Where the trainer ranks run: cuda (one GPU per rank, NCCL among ranks), cpu (gloo), or "
         "auto: cuda where the node has GPUs and torch can use them, else cpu.",
     )
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each layer's activations in the backward pass instead of keeping them "
+        "(the model's gradient checkpointing): less memory for long sequences, about a third more compute.",
+    )
+    offload_optimizer: bool = Field(
+        False,
+        description="Keep the optimizer's state in host memory (DeepSpeed ZeRO offload; needs "
+        "trainer.zero_stage >= 1): frees GPU memory for a larger model, at the cost of step time.",
+    )
     num_processes: int = Field(1, ge=1, le=64, description="Trainer ranks (data parallel).")
     learning_rate: float = Field(3e-5, gt=0, le=1, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -287,6 +309,15 @@ class TrainerConfig(Section):
         ge=0,
         description="Save a Hugging Face checkpoint every N policy versions (0: only the final one).",
     )
+
+    @model_validator(mode="after")
+    def _offload_needs_zero(self) -> TrainerConfig:
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError(
+                "trainer.offload_optimizer=true needs trainer.zero_stage 1, 2 or 3 (ZeRO holds the optimizer "
+                "state it offloads); got zero_stage=0"
+            )
+        return self
 
 
 _EVAL_SET_NAME = r"^[A-Za-z0-9_-]+$"

@@ -37,6 +37,7 @@ MISTAKES = [
         "$.config.trainer.num_processes",
     ),
     ({"actor": {"num_actors": 3}, "cluster": {"actor_nodes": 2}}, "$.config.actor.num_actors"),
+    ({"trainer": {"offload_optimizer": True, "zero_stage": 0}}, "$.config.trainer.zero_stage"),
     (
         {
             "actor": {"engine": "vllm", "tensor_parallel_size": 2},

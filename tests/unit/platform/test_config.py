@@ -133,3 +133,14 @@ def test_model_dtype_auto_is_bfloat16_on_a_gpu_and_float32_on_cpu():
     config = load_config(None, ["model.dtype=bfloat16"])
     assert deepspeed_config(config, bf16=True)["bf16"] == {"enabled": True}
     assert "bf16" not in deepspeed_config(config)
+
+
+def test_optimizer_offload_and_activation_checkpointing_reach_deepspeed_and_the_model():
+    from pipelinerl.workers.trainer import deepspeed_config
+
+    config = load_config(None, ["trainer.offload_optimizer=true", "trainer.activation_checkpointing=true"])
+    zero = deepspeed_config(config)["zero_optimization"]
+    assert zero == {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    assert "offload_optimizer" not in deepspeed_config(load_config(None, []))["zero_optimization"]
+    with pytest.raises(ConfigError, match=r"offload_optimizer=true needs trainer.zero_stage 1, 2 or 3"):
+        load_config(None, ["trainer.offload_optimizer=true", "trainer.zero_stage=0"])

@@ -124,3 +124,30 @@ def test_the_loss_on_a_gpu_equals_the_loss_on_cpu_and_only_the_record_comes_back
     assert gpu_result.loss.device.type == "cuda"
     assert float(gpu_result.loss) == pytest.approx(float(cpu_result.loss), rel=1e-4)
     assert gpu_result.tokens.trainer_logprobs == pytest.approx(cpu_result.tokens.trainer_logprobs, abs=1e-4)
+
+
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(random_model_dir):
+    """trainer.activation_checkpointing turns on the model's gradient checkpointing (activations
+    recomputed in the backward pass): the step's loss and every gradient are unchanged."""
+    batch = [sequence([1, 10], [12, 13, 2], advantage=0.5), sequence([1, 20, 21], [22, 2], advantage=-1.0)]
+    results = []
+    for checkpointing in (False, True):
+        model = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32).train()
+        if checkpointing:  # as the trainer does it
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        assert model.is_gradient_checkpointing == checkpointing
+        loss = micro_batch_loss(
+            model,
+            batch,
+            num_sequences=2,
+            loss_name="truncated_is",
+            is_cap=5.0,
+            ppo_clip_epsilon=0.2,
+            temperature=0.7,
+        ).loss
+        loss.backward()
+        results.append((float(loss), {name: p.grad.clone() for name, p in model.named_parameters()}))
+    (plain_loss, plain_grads), (checkpointed_loss, checkpointed_grads) = results
+    assert checkpointed_loss == pytest.approx(plain_loss, abs=1e-6)
+    for name, grad in plain_grads.items():
+        assert torch.allclose(checkpointed_grads[name], grad, atol=1e-6), name
