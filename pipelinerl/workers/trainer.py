@@ -79,6 +79,16 @@ def deepspeed_config(config: PipelineConfig, bf16: bool = False) -> dict[str, An
     return ds_config
 
 
+def enable_activation_checkpointing(model: Any) -> None:
+    """Recompute each layer's activations in the backward pass (``trainer.activation_checkpointing``);
+    transformers 5.21 renamed gradient checkpointing to activation checkpointing."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def _version_span(sequence: Any) -> int:
     """How many policy versions wrote this sequence (2+: it was in flight during an update)."""
     return len(np.unique(np.asarray(sequence.token_versions)))
@@ -142,7 +152,7 @@ class Trainer:
 
             float32_lm_head(model)
         if config.trainer.activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(model)
         if device == "cuda":  # one GPU per rank (the launcher shows each rank the node's trainer GPUs)
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         elif config.trainer.num_processes == 1:

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 from pipelinerl.platform.wire import TrainSequence
 from pipelinerl.workers.engines.protocol import VersionSwitches
 from pipelinerl.workers.policy_step import completion_logprobs, micro_batch_loss
+from pipelinerl.workers.trainer import enable_activation_checkpointing
 
 
 def sequence(prompt, completion, advantage=1.0, versions=None):
@@ -133,9 +134,10 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(random_model
     results = []
     for checkpointing in (False, True):
         model = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32).train()
-        if checkpointing:  # as the trainer does it
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        assert model.is_gradient_checkpointing == checkpointing
+        if checkpointing:
+            enable_activation_checkpointing(model)  # as the trainer does
+        on = getattr(model, "is_activation_checkpointing", None)
+        assert (model.is_gradient_checkpointing if on is None else on) == checkpointing
         loss = micro_batch_loss(
             model,
             batch,
