@@ -16,7 +16,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m pip install -q --upgrade pip
 	# torch first: 2.13.0 is the CPU build on local disk; any other request pulls CUDA wheels.
 	$(PYTHON) -m pip install -q torch==2.13.0
-	$(PYTHON) -m pip install -q -c constraints.txt -e ".[all,dev]"
+	# --no-compile: byte-compiling every installed module (Prefect, MLflow, ...) took longer than the
+	# modules a run imports take to compile on first use (docs/benchmarks.md, make run).
+	$(PYTHON) -m pip install -q --no-compile -c constraints.txt -e ".[all,dev]"
 	touch $(STAMP)
 
 run: $(STAMP)
