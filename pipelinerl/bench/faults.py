@@ -158,7 +158,7 @@ def _flood(config: PipelineConfig, run_dir: Path, rate: int, runner: threading.T
         tick, chunk = 0.1, max(1, round(rate * 0.1))
         next_impossible, seq = 0.0, 0
         last_step = FLOOD_UNTIL * config.run.max_steps
-        while runner.is_alive() and _steps_trained(run_dir) < last_step:
+        while runner.is_alive():  # one tick at least, then until last_step is trained
             started = time.monotonic()
             if started >= next_impossible:
                 for rollouts in impossible_rollouts(run_dir.name, problem_ids, first=10**7 * seq).values():
@@ -175,6 +175,8 @@ def _flood(config: PipelineConfig, run_dir: Path, rate: int, runner: threading.T
             if preprocessor is not None:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     flood.rss_mib.append(preprocessor.memory_info().rss / 2**20)
+            if _steps_trained(run_dir) >= last_step:
+                break
             time.sleep(max(0.0, tick - (time.monotonic() - started)))
     except Exception as error:  # reported after the run ends; the run itself is never left running
         flood.error = f"{type(error).__name__}: {error}"
