@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,14 +19,21 @@ POSTGRES_URL = os.environ.get("PIPELINERL_TEST_POSTGRES_URL", "postgresql://post
 
 
 # Parallel test workers (pytest-xdist, ``make test`` runs two) each get their own block of the fixed
-# ports the modules use (21000-26000), shifted by this much per worker; two workers stay below the
-# ephemeral range (32768+) where the OS hands out the ports of ``bind(0)``.
-WORKER_PORT_SHIFT = 5000
+# ports the modules use (FIXED_PORTS): worker 1's block is worker 0's moved down by WORKER_PORT_SHIFT,
+# so the two never meet and both stay below the ephemeral range (32768+), where the OS hands out
+# the ports of ``bind(0)`` and of every outgoing connection (CI saw a restart test's port, once
+# shifted up to 32980, taken that way).
+FIXED_PORTS = range(21000, 29000)
+WORKER_PORT_SHIFT = -8000
 MAX_PORT_WORKERS = 2
 
 
 def worker_port(port: int) -> int:
     """``port`` in this test worker's own range, so parallel workers never bind the same port."""
+    if port not in FIXED_PORTS:
+        raise ValueError(
+            f"test port {port} is outside the fixed block {FIXED_PORTS.start}-{FIXED_PORTS.stop - 1}"
+        )
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(worker.removeprefix("gw"))
     if index >= MAX_PORT_WORKERS:
@@ -34,6 +42,13 @@ def worker_port(port: int) -> int:
             "(pytest -n 1 or -n 2)"
         )
     return port + WORKER_PORT_SHIFT * index
+
+
+def free_port() -> int:
+    """A port the kernel has just found free (from the ephemeral range), for a server bound at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def build_random_model_dir(path: Path, seed: int = 0, hidden_size: int = 64) -> Path:

@@ -83,7 +83,8 @@ def _vllm_engine(
 
 class WeightGroupSender:
     """The trainer's side (rank 0) of a gloo weight group with one engine's workers, as in a run:
-    each update broadcasts every tensor while the engine, paused, receives and loads them."""
+    each update sends every tensor, in the group's buckets, while the engine, paused, receives and
+    loads them."""
 
     def __init__(self, timeout_s: float = 300.0) -> None:
         import socket
@@ -105,7 +106,9 @@ class WeightGroupSender:
 
         try:
             address = self.address
-            self._group = WeightGroup(address.host, address.port, 0, address.world_size, address.timeout_s)
+            self._group = WeightGroup.lead(
+                address.host, address.port, address.world_size, timeout_s=address.timeout_s
+            )
         except BaseException as error:  # reported by joined()
             self._error = error
 
@@ -141,7 +144,7 @@ class WeightGroupSender:
         )
 
     def _broadcast(self, tensors: list[torch.Tensor]) -> None:
-        self._group.broadcast(tensors)
+        self._group.send(tensors)
 
 
 # --engine name -> factory(model_path, workload, settings)

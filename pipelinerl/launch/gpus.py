@@ -80,6 +80,25 @@ def plan_trainer_gpus(ranks_on_node: int, gpus: Sequence[str]) -> list[str]:
     return list(gpus[:ranks_on_node])
 
 
+def actor_gpu_pool(
+    gpus: Sequence[str], trainer_gpus: Sequence[str], *, engine: str, colocate: bool
+) -> list[str]:
+    """The GPUs the node's actors are given theirs from: none for the transformers engine (it runs on
+    CPU); with ``cluster.colocate``, the GPU of trainer rank 0, which the one actor shares; else the
+    GPUs the trainer ranks left."""
+    if engine != "vllm":
+        return []
+    if colocate:
+        if not trainer_gpus:
+            raise GpuPlanError(
+                "cluster.colocate=true shares trainer rank 0's GPU with the actor, but the trainer runs on "
+                f"CPU here (trainer.device resolved to cpu; this node's GPUs: {','.join(gpus) or 'none'}); "
+                "set cluster.colocate=false, or run where a GPU and a CUDA build of torch are"
+            )
+        return list(trainer_gpus[:1])
+    return list(gpus[len(trainer_gpus) :])
+
+
 def plan_actor_gpus(
     actor_ids: Sequence[int], tensor_parallel_size: int, gpus: Sequence[str]
 ) -> dict[int, str]:

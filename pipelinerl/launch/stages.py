@@ -26,12 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelinerl.launch.gpus import (
+    actor_gpu_pool,
     plan_actor_gpus,
     plan_trainer_gpus,
     torch_sees_cuda,
     trainer_device,
     visible_gpus,
 )
+from pipelinerl.launch.rank_env import torchrun_env
 from pipelinerl.platform.config import PipelineConfig, Role
 
 SHUTDOWN_GRACE_S = 30.0
@@ -211,17 +213,19 @@ def build_stages(
         env = stage_env(config.trainer.torch_threads)
         if device == "cuda":  # every rank sees the node's trainer GPUs and takes LOCAL_RANK's
             env.update(CUDA_VISIBLE_DEVICES=",".join(trainer_gpus), DS_ACCELERATOR="cuda")
+        # Placed as torchrun places its workers (launch/rank_env.py); the trainer reads RANK.
         env.update(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank % len(share.trainer_ranks)),
-            WORLD_SIZE=str(world),
-            MASTER_ADDR=config.transport.host,
-            MASTER_PORT=str(config.transport.port("trainer_dist")),
+            torchrun_env(
+                rank,
+                len(share.trainer_ranks),
+                world // len(share.trainer_ranks),  # this node's share of the ranks; 1 node when local
+                config.transport.host,
+                config.transport.port("trainer_dist"),
+            )
         )
-        command = [
-            *[python, "-m", "pipelinerl.workers.trainer", *common],
-            *["--rank", str(rank), "--device", device],
-        ]
+        # As torchrun does: a failed NCCL collective aborts the rank instead of hanging the job.
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        command = [python, "-m", "pipelinerl.workers.trainer", *common, "--device", device]
         stages.append(
             Stage(
                 f"trainer{rank}",
@@ -245,7 +249,7 @@ def build_stages(
     actor_gpus = plan_actor_gpus(
         list(share.actor_ids),
         config.actor.tensor_parallel_size,
-        gpus[len(trainer_gpus) :] if config.actor.engine == "vllm" else [],
+        actor_gpu_pool(gpus, trainer_gpus, engine=config.actor.engine, colocate=config.cluster.colocate),
     )
     for actor_id in share.actor_ids:
         command = [actor_python, "-m", "pipelinerl.workers.actor", *common, "--actor-id", str(actor_id)]

@@ -1,11 +1,17 @@
 """The weight group: trainer rank 0 and every actor in one torch.distributed process group.
 
 A weight update is a ``WeightUpdate`` notice over ZeroMQ PUB/SUB (the new policy version and the
-parameter list) followed by one broadcast per tensor from trainer rank 0 (group rank 0) to the
-actors (group ranks 1..N). The group is built directly from a ``TCPStore`` rather than through
-``init_process_group``, because the trainer's default group already belongs to DeepSpeed.
+parameter list) followed by the tensors, broadcast from trainer rank 0 (group rank 0) to the actors
+(group ranks 1..N) in buckets (``weight_buckets``): consecutive tensors flattened into one buffer of at
+most the group's bucket size, so neither side holds a second copy of the model. The group is built
+directly from a ``TCPStore`` rather than through ``init_process_group``, because the trainer's default
+group already belongs to DeepSpeed.
 
-Backend: gloo on CPU; on GPUs the same shape uses NCCL.
+Rank 0 sets the group's terms (backend and bucket size) and publishes them in the store; every member
+reads them there when it joins, so both sides are built the same way from one decision. Backends:
+gloo (CPU buffers; a GPU member copies each bucket to its device), NCCL (buffers on the GPUs) and,
+for a trainer and an actor sharing one GPU, CUDA IPC (each bucket's handle through the store, a gloo
+barrier once every member has copied it; ``cuda_ipc``).
 """
 
 from __future__ import annotations
@@ -13,50 +19,213 @@ from __future__ import annotations
 import json
 import struct
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 
+from pipelinerl.platform.weight_buckets import plan_buckets
+
 TRAINER_RANK = 0
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+Backend = Literal["gloo", "nccl", "ipc"]
+BACKENDS: tuple[Backend, ...] = ("gloo", "nccl", "ipc")
+MIB = 1 << 20
+TERMS_KEY = "weights/terms"
+
+
+@dataclass(frozen=True)
+class GroupTerms:
+    """What rank 0 decides for the whole group."""
+
+    backend: Backend
+    bucket_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"weight-group backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if self.bucket_bytes < 1:
+            raise ValueError(f"weight-group bucket size must be at least 1 byte, got {self.bucket_bytes}")
+
+
+def weight_backend(setting: str, trainer_device: str, actor_engine: str, colocate: bool = False) -> Backend:
+    """``transport.weight_backend`` resolved on trainer rank 0. ``auto``: CUDA IPC where the trainer and
+    its one vLLM actor share a GPU (``cluster.colocate``), NCCL where a trainer on a GPU feeds vLLM
+    actors on GPUs of their own, gloo otherwise."""
+    if setting not in ("auto", *BACKENDS):
+        raise ValueError(f"transport.weight_backend {setting!r} is not one of auto, {', '.join(BACKENDS)}")
+    on_gpus = trainer_device == "cuda" and actor_engine == "vllm"
+    if setting == "auto":
+        return ("ipc" if colocate else "nccl") if on_gpus else "gloo"
+    if setting in ("nccl", "ipc") and not on_gpus:
+        raise ValueError(
+            f"transport.weight_backend={setting!r} needs the trainer on a GPU and vLLM actors "
+            f"(trainer.device resolved to {trainer_device!r}, actor.engine={actor_engine!r}); use 'gloo' or "
+            "'auto'"
+        )
+    if setting == "nccl" and colocate:
+        raise ValueError(
+            "transport.weight_backend='nccl' cannot join two processes on one GPU (cluster.colocate=true); "
+            "use 'ipc' or 'auto'"
+        )
+    if setting == "ipc" and not colocate:
+        raise ValueError("transport.weight_backend='ipc' needs cluster.colocate=true (one shared GPU)")
+    return setting  # type: ignore[return-value]
 
 
 class WeightGroup:
-    """One member of the weight group. Rank 0 (the trainer) hosts the rendezvous store."""
+    """One member of the weight group. Rank 0 (the trainer, ``lead``) hosts the rendezvous store and
+    sets the terms; the others ``join``."""
 
-    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"weight-group rank {rank} is outside 0..{world_size - 1}")
+    def __init__(
+        self,
+        store: dist.TCPStore,
+        rank: int,
+        world_size: int,
+        terms: GroupTerms,
+        timeout: timedelta,
+        device: torch.device,
+    ) -> None:
+        if terms.backend in ("nccl", "ipc") and device.type != "cuda":
+            raise ValueError(
+                f"the trainer chose {terms.backend} for the weight group (transport.weight_backend), but "
+                f"group rank {rank} is on {device.type!r}, not a CUDA GPU; set "
+                "transport.weight_backend='gloo'"
+            )
         self.rank = rank
         self.world_size = world_size
-        timeout = timedelta(seconds=timeout_s)
-        self._store = dist.TCPStore(
-            host, port, world_size, is_master=rank == TRAINER_RANK, timeout=timeout, wait_for_workers=False
-        )
-        self._group = dist.ProcessGroupGloo(
-            dist.PrefixStore("weights", self._store), rank, world_size, timeout
-        )
+        self.terms = terms
+        self.device = device
+        self._store = store  # the group's rendezvous lives as long as the group
+        prefixed = dist.PrefixStore("weights", store)
+        self._group: dist.ProcessGroupGloo | dist.ProcessGroupNCCL
+        if terms.backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self._group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
+        else:  # gloo carries the buckets, or (ipc) only the barrier after each handed-over bucket
+            self._group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+        self._updates = 0  # updates sent or received so far: names the ipc handles in the store
 
-    def broadcast(self, tensors: Iterable[torch.Tensor]) -> float:
-        """Send (rank 0) or receive (others) each tensor in order, in place; returns seconds taken."""
+    @classmethod
+    def lead(
+        cls,
+        host: str,
+        port: int,
+        world_size: int,
+        *,
+        backend: Backend = "gloo",
+        bucket_bytes: int = 32 * MIB,
+        timeout_s: float = 300.0,
+        device: torch.device | str = "cpu",
+    ) -> WeightGroup:
+        """Rank 0: host the store, publish the terms, form the group (returns once every member joined,
+        with gloo; NCCL connects at the first broadcast)."""
+        terms = GroupTerms(backend, bucket_bytes)
+        timeout = timedelta(seconds=timeout_s)
+        store = _store(host, port, world_size, TRAINER_RANK, timeout)
+        store.set(TERMS_KEY, json.dumps({"backend": terms.backend, "bucket_bytes": terms.bucket_bytes}))
+        return cls(store, TRAINER_RANK, world_size, terms, timeout, torch.device(device))
+
+    @classmethod
+    def join(
+        cls,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        *,
+        timeout_s: float = 300.0,
+        device: torch.device | str = "cpu",
+    ) -> WeightGroup:
+        """A member (rank 1..N): read rank 0's terms from its store and form the group on them."""
+        if rank == TRAINER_RANK:
+            raise ValueError("weight-group rank 0 is the trainer's: members join as ranks 1 and up")
+        timeout = timedelta(seconds=timeout_s)
+        store = _store(host, port, world_size, rank, timeout)
+        published = json.loads(store.get(TERMS_KEY))
+        terms = GroupTerms(published["backend"], int(published["bucket_bytes"]))
+        return cls(store, rank, world_size, terms, timeout, torch.device(device))
+
+    def send(self, tensors: Sequence[torch.Tensor]) -> float:
+        """Rank 0: broadcast every tensor, bucket by bucket; returns seconds taken."""
+        if self.rank != TRAINER_RANK:
+            raise RuntimeError(f"weight-group rank {self.rank} receives; only rank 0 sends")
         started = time.perf_counter()
-        for tensor in tensors:
-            buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
-            self._group.broadcast(buffer, TRAINER_RANK).wait()  # type: ignore[attr-defined]
-            if buffer is not tensor:
-                tensor.copy_(buffer)
+        plan = plan_buckets(
+            [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors], self.terms.bucket_bytes
+        )
+        for number, bucket in enumerate(plan):
+            if bucket.numel == 0:  # nothing to move (members make theirs up)
+                continue
+            parts = [tensors[index].reshape(-1) for index in bucket.members]
+            flat = (parts[0] if len(parts) == 1 else torch.cat(parts)).contiguous()
+            if self.terms.backend == "ipc":
+                self._hand_over(number, flat)
+            else:
+                self._broadcast(flat.cpu() if self.terms.backend == "gloo" else flat)
+        self._updates += 1
         return time.perf_counter() - started
 
+    def receive(self, shapes: Sequence[Sequence[int]], dtypes: Sequence[str]) -> Iterator[torch.Tensor]:
+        """A member: each tensor of one update, in order, on this member's device, as it arrives.
 
-def receive_buffers(shapes: list[list[int]], dtypes: list[str]) -> list[torch.Tensor]:
-    """Empty tensors to receive a broadcast into, from a notice's shapes and dtype names."""
-    for dtype in dtypes:
-        if dtype not in DTYPES:
-            raise ValueError(f"weight dtype {dtype!r} is not one of {sorted(DTYPES)}")
-    return [torch.empty(shape, dtype=DTYPES[dtype]) for shape, dtype in zip(shapes, dtypes, strict=True)]
+        The tensors are views into their bucket's buffer, which lives as long as one of them does:
+        a consumer that copies each tensor and drops it (a model loader) holds one bucket at a time.
+        """
+        if self.rank == TRAINER_RANK:
+            raise RuntimeError("weight-group rank 0 sends; members receive")
+        wire_device = self.device if self.terms.backend == "nccl" else torch.device("cpu")
+        for number, bucket in enumerate(plan_buckets(shapes, dtypes, self.terms.bucket_bytes)):
+            if bucket.numel == 0:
+                flat = torch.empty(0, dtype=DTYPES[bucket.dtype], device=self.device)
+            elif self.terms.backend == "ipc":
+                flat = self._take_over(number)
+            else:
+                flat = torch.empty(bucket.numel, dtype=DTYPES[bucket.dtype], device=wire_device)
+                self._broadcast(flat)
+            if flat.device != self.device:
+                flat = flat.to(self.device)
+            for index, offset, size in zip(bucket.members, bucket.offsets, bucket.sizes, strict=True):
+                yield flat[offset : offset + size].view(list(shapes[index]))
+        self._updates += 1
+
+    def _hand_over(self, number: int, flat: torch.Tensor) -> None:
+        """ipc, rank 0: publish the bucket's CUDA handle, wait until every member has copied it."""
+        from pipelinerl.platform.cuda_ipc import export
+
+        torch.cuda.current_stream(flat.device).synchronize()  # the bucket is written before it is shared
+        key = f"ipc/{self._updates}/{number}"
+        self._store.set(key, export(flat))  # type: ignore[arg-type]  # bytes pass as std::string
+        self._barrier()
+        self._store.delete_key(key)
+
+    def _take_over(self, number: int) -> torch.Tensor:
+        """ipc, a member: open rank 0's bucket, copy it to memory of our own, then release rank 0."""
+        from pipelinerl.platform.cuda_ipc import open_exported
+
+        shared = open_exported(self._store.get(f"ipc/{self._updates}/{number}"))
+        flat = shared.clone()
+        torch.cuda.current_stream(flat.device).synchronize()
+        del shared
+        self._barrier()
+        return flat
+
+    def _barrier(self) -> None:
+        self._group.allreduce([torch.zeros(1)]).wait()  # type: ignore[union-attr]
+
+    def _broadcast(self, flat: torch.Tensor) -> None:
+        self._group.broadcast(flat, TRAINER_RANK).wait()  # type: ignore[attr-defined,union-attr]
+
+
+def _store(host: str, port: int, world_size: int, rank: int, timeout: timedelta) -> dist.TCPStore:
+    return dist.TCPStore(
+        host, port, world_size, is_master=rank == TRAINER_RANK, timeout=timeout, wait_for_workers=False
+    )
 
 
 def saved_tensor_shapes(model_dir: Path) -> dict[str, list[int]]:

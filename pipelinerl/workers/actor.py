@@ -176,7 +176,7 @@ class Actor:
             self.engine = self._transformers_engine(model_path, max_prompt_tokens)
             from pipelinerl.platform.weights import WeightGroup
 
-            self.weight_group = WeightGroup(
+            self.weight_group = WeightGroup.join(
                 transport.host,
                 transport.port("weight_group"),
                 config.actor_first_weight_rank(actor_id),
@@ -302,7 +302,7 @@ class Actor:
             self.stop.set()
 
     def _receive_weights(self) -> None:
-        from pipelinerl.platform.weights import receive_buffers, weight_update_problem
+        from pipelinerl.platform.weights import weight_update_problem
 
         while not self.stop.is_set():
             notice = self.notices.recv(timeout_s=0.2)
@@ -321,8 +321,7 @@ class Actor:
             elif isinstance(notice, WeightUpdate) and self.weight_group is None:
                 self.receive_into_engine(notice)
             elif isinstance(notice, WeightUpdate):
-                buffers = receive_buffers(notice.parameter_shapes, notice.parameter_dtypes)
-                self.weight_group.broadcast(buffers)
+                buffers = list(self.weight_group.receive(notice.parameter_shapes, notice.parameter_dtypes))
                 with self.staged.lock:
                     self.staged.version = notice.policy_version
                     self.staged.names = list(notice.parameter_names)

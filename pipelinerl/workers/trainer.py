@@ -2,7 +2,7 @@
 
 Loop (paper §3): take the next batch of B sequences from the preprocessor, compute the RL loss
 (``rl/``) over its micro-batches, one optimizer step, policy version +1, then publish the new
-weights: a ``WeightUpdate`` notice over ZeroMQ PUB and one gloo broadcast per tensor to the actors.
+weights: a ``WeightUpdate`` notice over ZeroMQ PUB, then the tensors in buckets over the weight group.
 In ``conventional`` mode weights are published only every G steps (after a whole round).
 
 Every step appends one JSON record to ``metrics.jsonl`` (loss, reward, ESS, lag statistics, the
@@ -12,7 +12,9 @@ to ``tokens/step_<version>_rank<r>.npz``, from which the statistics can be recom
 Face format with its version and the optimizer state (``platform/checkpoint.py``);
 ``run.resume_from`` continues from such a checkpoint.
 
-Run: ``python -m pipelinerl.workers.trainer --run-dir runs/<id> --rank 0`` (the launcher does).
+Run: ``python -m pipelinerl.workers.trainer --run-dir runs/<id>`` (the launcher does, one process per
+rank placed as torchrun places its workers: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``…;
+``torchrun --nproc-per-node N -m pipelinerl.workers.trainer --run-dir runs/<id>`` places it alike).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +138,7 @@ class Trainer:
         from transformers import AutoModelForCausalLM
 
         from pipelinerl.platform.transport import Receiver, Sender, run_keys
-        from pipelinerl.platform.weights import WeightGroup
+        from pipelinerl.platform.weights import MIB, WeightGroup, weight_backend
 
         self.config = config
         self.run_dir = run_dir
@@ -207,8 +210,15 @@ class Trainer:
                 max_message_bytes=transport.max_message_bytes,
                 name="trainer",
             )
-            self.weight_group = WeightGroup(
-                transport.host, transport.port("weight_group"), 0, config.weight_group_size()
+            self.weight_group = WeightGroup.lead(
+                transport.host,
+                transport.port("weight_group"),
+                config.weight_group_size(),
+                backend=weight_backend(
+                    transport.weight_backend, device, config.actor.engine, config.cluster.colocate
+                ),
+                bucket_bytes=transport.weight_bucket_mib * MIB,
+                device=torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else "cpu",
             )
         (run_dir / "tokens").mkdir(exist_ok=True)
 
@@ -483,7 +493,7 @@ class Trainer:
                     created_at=time.time(),
                 )
             )
-            self.weight_group.broadcast(tensors)
+            self.weight_group.send(tensors)
         return time.perf_counter() - started
 
     def _finish(self) -> None:
@@ -501,22 +511,41 @@ class Trainer:
             self.notices.close()
 
 
+def placed_rank(flag: int | None, environ: Mapping[str, str], num_processes: int) -> int:
+    """This process's rank: ``--rank``, else ``RANK`` as the launcher or torchrun set it (0 alone).
+    The job torchrun or the launcher placed it in must be the one the config describes."""
+    world = int(environ.get("WORLD_SIZE", num_processes))
+    if world != num_processes:
+        raise SystemExit(
+            f"WORLD_SIZE={world} but trainer.num_processes={num_processes}: start as many ranks as the "
+            "config trains with"
+        )
+    placed = environ.get("RANK")
+    if flag is not None and placed is not None and int(placed) != flag:
+        raise SystemExit(f"--rank {flag} disagrees with RANK={placed} from the launcher")
+    rank = flag if flag is not None else int(placed or 0)
+    if not 0 <= rank < num_processes:
+        raise SystemExit(
+            f"rank {rank} is outside 0..{num_processes - 1} (trainer.num_processes={num_processes})"
+        )
+    return rank
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, required=True)
-    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--rank", type=int, help="this rank; default: RANK, as torchrun sets it")
     parser.add_argument("--model-path", type=Path, required=True)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="trainer.device, resolved")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s trainer{args.rank} %(levelname)s %(message)s"
-    )
     config = PipelineConfig.model_validate_json((args.run_dir / "config.json").read_text())
+    rank = placed_rank(args.rank, os.environ, config.trainer.num_processes)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s trainer{rank} %(levelname)s %(message)s")
     import torch
 
     torch.set_num_threads(config.trainer.torch_threads)
     os.environ.setdefault("DS_ACCELERATOR", args.device)
-    Trainer(config, args.run_dir, args.rank, args.model_path, device=args.device).run()
+    Trainer(config, args.run_dir, rank, args.model_path, device=args.device).run()
 
 
 if __name__ == "__main__":

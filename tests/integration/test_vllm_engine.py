@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import socket
 import subprocess
 import threading
 import time
@@ -34,7 +33,7 @@ from transformers import AutoModelForCausalLM
 
 from pipelinerl.platform.weights import WeightGroup, dtype_name
 from pipelinerl.workers.engines.protocol import iter_named_parameters
-from tests.conftest import build_random_model_dir
+from tests.conftest import build_random_model_dir, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -44,20 +43,16 @@ EOS = 2
 TEMPERATURE = 0.7  # not 1: the behaviour log-probs must be those of the tempered distribution
 MAX_NEW_TOKENS = 96
 MAX_IN_FLIGHT = 8
+# Small weight buckets, so that every update here travels in many: tensors grouped, split at bucket
+# edges, and larger than a bucket (the MLP's 256 KiB), all loaded by vLLM from bucket views.
+BUCKET_BYTES = 64 * 1024
 ANSWER_TIMEOUT_S = 400  # the slowest command, a start-up under load, takes about 60 s
-
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Driver:
     """The engine in a vLLM environment, driven over JSON lines; this process is weight-group rank 0."""
 
-    def __init__(self, log_path: Path, python: Path = VLLM_PYTHON) -> None:
+    def __init__(self, log_path: Path, python: Path = VLLM_PYTHON, gpus: str | None = None) -> None:
         if not python.exists():
             pytest.skip(f"{python.parent.parent.name} is absent: build it with `make test` (CI does)")
         self.log = log_path.open("w")
@@ -68,7 +63,11 @@ class Driver:
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,
-            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+            env={
+                **os.environ,
+                "TOKENIZERS_PARALLELISM": "false",
+                **({"CUDA_VISIBLE_DEVICES": gpus} if gpus is not None else {}),
+            },
         )
         self.log_path = log_path
         self.group: WeightGroup | None = None
@@ -110,13 +109,15 @@ class Driver:
         self.log.flush()
         return "\n".join(self.log_path.read_text().splitlines()[-lines:])
 
-    def start(self, model_dir: Path, **engine: Any) -> float:
+    def start(self, model_dir: Path, bucket_bytes: int = BUCKET_BYTES, **engine: Any) -> float:
         port = free_port()
         joined: dict[str, Any] = {}
 
         def join() -> None:  # rank 0 waits here until the engine's worker joins as rank 1
             try:
-                joined["group"] = WeightGroup("127.0.0.1", port, 0, 2, timeout_s=300)
+                joined["group"] = WeightGroup.lead(
+                    "127.0.0.1", port, 2, timeout_s=300, bucket_bytes=bucket_bytes
+                )
             except Exception as error:  # surfaced below
                 joined["error"] = error
 
@@ -155,7 +156,7 @@ class Driver:
             }
         self.send(command)
         assert self.group is not None
-        broadcast_s = self.group.broadcast(tensors)
+        broadcast_s = self.group.send(tensors)
         answer = self.answer()
         phases = ", ".join(f"{name} {1000 * s:.0f} ms" for name, s in answer["phases_s"].items())
         print(
@@ -368,18 +369,24 @@ gpu = [
 ]
 
 
-@pytest.mark.parametrize("tensor_parallel_size", [1, 2])
+@pytest.mark.parametrize(
+    ("backend", "tensor_parallel_size"),
+    [("ipc", 1), ("nccl", 1), ("nccl", 2)],
+    ids=["colocated-ipc", "nccl-tp1", "nccl-tp2"],
+)
 @gpu[0]
 @gpu[1]
-def test_nccl_weight_group_and_tensor_parallel_engine(tensor_parallel_size, tmp_path):
-    """On GPUs the weight group runs over NCCL and a tensor-parallel engine's workers each receive
-    the full tensors (one rank per shard) and let vLLM shard them."""
-    if torch.cuda.device_count() < tensor_parallel_size:
-        pytest.skip(f"needs {tensor_parallel_size} GPUs, found {torch.cuda.device_count()}")
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
+def test_gpu_weight_group_and_tensor_parallel_engine(backend, tensor_parallel_size, tmp_path):
+    """On GPUs the weight group runs over CUDA IPC when this process (rank 0) and the engine share
+    GPU 0 (cluster.colocate), else over NCCL with the engine on GPUs of its own (NCCL refuses two
+    ranks on one GPU); a tensor-parallel engine's workers each receive the full tensors (one rank
+    per shard) and let vLLM shard them."""
+    needed = 1 if backend == "ipc" else 1 + tensor_parallel_size
+    if torch.cuda.device_count() < needed:
+        pytest.skip(
+            f"{backend} with TP {tensor_parallel_size} needs {needed} GPUs, found {torch.cuda.device_count()}"
+        )
+    engine_gpus = "0" if backend == "ipc" else ",".join(str(1 + i) for i in range(tensor_parallel_size))
     old = build_random_model_dir(tmp_path / "old", seed=0, hidden_size=128)
     new_model = load(build_random_model_dir(tmp_path / "new", seed=1, hidden_size=128)).cuda()
     port = free_port()
@@ -387,23 +394,19 @@ def test_nccl_weight_group_and_tensor_parallel_engine(tensor_parallel_size, tmp_
     groups: dict[str, Any] = {}
 
     def join() -> None:
-        timeout = timedelta(seconds=300)
-        store = dist.TCPStore(
-            "127.0.0.1", port, world_size, is_master=True, timeout=timeout, wait_for_workers=False
+        groups["group"] = WeightGroup.lead(
+            "127.0.0.1", port, world_size, backend=backend, device=torch.device("cuda", 0)
         )
-        groups["store"] = store
-        groups["group"] = dist.ProcessGroupNCCL(dist.PrefixStore("weights", store), 0, world_size)
 
     joiner = threading.Thread(target=join, daemon=True)
     joiner.start()
-    driver = Driver(tmp_path / "driver.log")
+    driver = Driver(tmp_path / "driver.log", gpus=engine_gpus)
     try:
         group = {
             "host": "127.0.0.1",
             "port": port,
             "first_rank": 1,
             "world_size": world_size,
-            "backend": "nccl",
         }
         driver.ask(
             {
@@ -436,8 +439,7 @@ def test_nccl_weight_group_and_tensor_parallel_engine(tensor_parallel_size, tmp_
                 "dtypes": [dtype_name(t) for t in tensors],
             }
         )
-        for tensor in tensors:
-            groups["group"].broadcast([tensor], 0).wait()
+        groups["group"].send(tensors)
         driver.answer()
         sequences = driver.collect(len(prompts))
         assert sorted(s["request_id"] for s in sequences) == sorted(prompts)

@@ -67,6 +67,20 @@ __all__ = [
 ]
 
 
+# What cluster.colocate (one GPU for trainer rank 0 and one vLLM actor) needs: each setting's allowed values.
+COLOCATE_RULES: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    ("actor.num_actors", (1,)),
+    ("actor.engine", ("vllm",)),
+    ("actor.tensor_parallel_size", (1,)),
+    ("trainer.num_processes", (1,)),
+    ("trainer.device", ("auto", "cuda")),
+    ("cluster.placement", ("local",)),
+    ("transport.weight_backend", ("auto", "ipc", "gloo")),
+)
+# Colocated, the most of the GPU vLLM may take (actor.gpu_memory_utilization): the rest is the trainer's.
+COLOCATED_GPU_SHARE = 0.6
+
+
 class PipelineConfig(Section):
     # The cross-section rules, in JSON Schema too, so that Prefect's run form refuses a violation at
     # submission naming the field (_cross_checks enforces them all; one it cannot say in JSON Schema,
@@ -77,6 +91,34 @@ class PipelineConfig(Section):
                 {
                     "if": schema_at("eval.greedy", {"const": True}),
                     "then": schema_at("actor.engine", {"const": "vllm"}),
+                },
+                {
+                    "if": schema_at("transport.weight_backend", {"const": "nccl"}),
+                    "then": {
+                        "allOf": [
+                            schema_at("actor.engine", {"const": "vllm"}),
+                            schema_at("trainer.device", {"enum": ["auto", "cuda"]}),
+                        ]
+                    },
+                },
+                {
+                    "if": schema_at("transport.weight_backend", {"const": "ipc"}),
+                    "then": schema_at("cluster.colocate", {"const": True}),
+                },
+                {
+                    "if": schema_at("cluster.colocate", {"const": True}),
+                    "then": {
+                        "allOf": [schema_at(path, {"enum": list(values)}) for path, values in COLOCATE_RULES]
+                    },
+                },
+                {
+                    "if": {
+                        "allOf": [
+                            schema_at("cluster.colocate", {"const": True}),
+                            schema_at("actor.kv_cache_gib", {"type": "null"}),
+                        ]
+                    },
+                    "then": schema_at("actor.gpu_memory_utilization", {"maximum": COLOCATED_GPU_SHARE}),
                 },
                 *multiple_of_field("rl.batch_size", "trainer.num_processes", 64),
                 *multiple_of_field("trainer.num_processes", "cluster.trainer_nodes", 64),
@@ -113,6 +155,32 @@ class PipelineConfig(Section):
                 f"actor.kv_cache_on_update={self.actor.kv_cache_on_update!r} needs actor.engine='vllm' "
                 "(the transformers engine always keeps the cache)"
             )
+        if self.transport.weight_backend == "nccl" and (
+            self.actor.engine != "vllm" or self.trainer.device == "cpu"
+        ):
+            raise ValueError(
+                "transport.weight_backend='nccl' needs vLLM actors and a trainer on GPUs (actor.engine="
+                f"{self.actor.engine!r}, trainer.device={self.trainer.device!r}); use 'gloo' or 'auto'"
+            )
+        if self.transport.weight_backend == "ipc" and not self.cluster.colocate:
+            raise ValueError(
+                "transport.weight_backend='ipc' hands CUDA memory to a process on the same GPU: it needs "
+                "cluster.colocate=true"
+            )
+        if self.cluster.colocate:
+            for path, values in COLOCATE_RULES:
+                if (value := self.value_at(path)) not in values:
+                    raise ValueError(
+                        f"cluster.colocate=true shares one GPU between one trainer rank and one vLLM actor: "
+                        f"{path}={value!r} must be {' or '.join(map(repr, values))}"
+                    )
+            share = self.actor.gpu_memory_utilization
+            if self.actor.kv_cache_gib is None and share > COLOCATED_GPU_SHARE:
+                raise ValueError(
+                    f"cluster.colocate=true: actor.gpu_memory_utilization={share} would leave the trainer "
+                    f"{1 - share:.0%} of the shared GPU; set it at most {COLOCATED_GPU_SHARE} (e.g. 0.3), or "
+                    "size the cache with actor.kv_cache_gib"
+                )
         if self.trainer.num_processes > 1 and self.rl.batch_size % self.trainer.num_processes:
             raise ValueError(
                 f"rl.batch_size={self.rl.batch_size} must divide evenly over "
@@ -167,6 +235,11 @@ class PipelineConfig(Section):
             return self.run.mode
         label = f"conventional-G{self.run.steps_per_round}"
         return label if self.run.train_during_round else f"{label}-strict"
+
+    def value_at(self, path: str) -> Any:
+        """The setting at dotted ``path`` (``"actor.num_actors"``)."""
+        section, name = path.split(".")
+        return getattr(getattr(self, section), name)
 
     def weight_group_size(self) -> int:
         """Members of the weight group: trainer rank 0, then every actor's engine workers."""

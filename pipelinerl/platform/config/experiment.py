@@ -157,7 +157,12 @@ class ActorConfig(Section):
         )
     )
 
-    engine: Literal["transformers", "vllm"] = Field("transformers", description="Inference engine.")
+    engine: Literal["transformers", "vllm"] = Field(
+        "transformers",
+        description="Inference engine: transformers (in this environment, CPU) or vllm (its own "
+        "environment, make vllm-env). tensor_parallel_size above 1, kv_cache_on_update=recompute and "
+        "eval.greedy need vllm.",
+    )
     num_actors: int = Field(1, ge=1, le=64, description="Actor processes (each one engine).")
     max_in_flight: int = Field(32, ge=1, le=4096, description="H: sequences in flight per actor.")
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")

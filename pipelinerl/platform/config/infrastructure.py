@@ -76,6 +76,13 @@ class ClusterConfig(Section):
     actor_gpus_per_node: int = Field(
         0, ge=0, le=16, description="pools: the `gpus` job variable of each actor flow run (0: CPU)."
     )
+    colocate: bool = Field(
+        False,
+        description="One GPU for the trainer and one vLLM actor (a one-GPU machine): the actor runs on the "
+        "trainer's GPU and weight updates travel as CUDA IPC handles, not through NCCL (which refuses two "
+        "ranks on one GPU). Needs a single trainer rank and actor, local placement, and an "
+        "actor.gpu_memory_utilization low enough to leave the trainer its memory (e.g. 0.3).",
+    )
     start_timeout_s: float = Field(
         600.0,
         gt=0,
@@ -133,6 +140,23 @@ class TransportConfig(Section):
         "ZeroMQ refuses a larger one from its size prefix, before allocating it, and drops the connection "
         "that carried it; a stage refuses to send one, naming this setting. Raise it only for train "
         "batches whose header (one entry per sequence) or arrays outgrow it.",
+    )
+
+    weight_backend: Literal["auto", "gloo", "nccl", "ipc"] = Field(
+        "auto",
+        description="How the trainer's weights reach the actors after each step (the weight group). auto: "
+        "CUDA IPC handles with cluster.colocate; NCCL when the trainer runs on GPUs and the actors are vLLM "
+        "on GPUs of their own; else gloo (through host memory: the CPU path, and the fallback when neither "
+        "applies).",
+    )
+    weight_bucket_mib: int = Field(
+        32,
+        ge=1,
+        le=16384,
+        description="Largest bucket of a weight update, in MiB: consecutive tensors travel flattened in one "
+        "broadcast of at most this size (a larger tensor alone). Trainer and actors each hold one bucket "
+        "beside the model; fewer, larger buckets mean fewer round trips, but past a few tens of MiB the "
+        "copy into and out of a bucket costs more than the trips it saves (pipelinerl bench weights).",
     )
 
     @field_validator("host")

@@ -110,8 +110,7 @@ class WeightGroupAddress:
     port: int
     first_rank: int  # this engine's workers take first_rank .. first_rank + tensor_parallel_size - 1
     world_size: int
-    backend: Literal["gloo", "nccl"] = "gloo"
-    timeout_s: float = 300.0
+    timeout_s: float = 300.0  # the backend and bucket size are the trainer's, read from the group's store
 
 
 class VLLMWorkers:
@@ -235,7 +234,6 @@ class VLLMEngine:
                     weight_group.port,
                     weight_group.first_rank,
                     weight_group.world_size,
-                    weight_group.backend,
                     weight_group.timeout_s,
                 )
         except BaseException:

@@ -41,9 +41,10 @@ class WeightGroupExtension:
     _pipelinerl_staged: list[tuple[str, torch.Tensor]] | None = None
 
     def pipelinerl_join_weight_group(
-        self, host: str, port: int, first_rank: int, world_size: int, backend: str, timeout_s: float
+        self, host: str, port: int, first_rank: int, world_size: int, timeout_s: float
     ) -> int:
-        """Join the trainer's weight group; returns this worker's group rank.
+        """Join the trainer's weight group on the terms (backend, bucket size) the trainer published;
+        returns this worker's group rank.
 
         A tensor-parallel engine has one worker per shard; each joins as ``first_rank + tp_rank`` and
         receives the full tensors (``reload_weights`` shards them), so an engine of TP size t takes t
@@ -51,15 +52,13 @@ class WeightGroupExtension:
         """
         from vllm.distributed import get_tensor_model_parallel_rank
 
-        rank = first_rank + get_tensor_model_parallel_rank()
-        if backend == "gloo":
-            from pipelinerl.platform.weights import WeightGroup
+        from pipelinerl.platform.weights import WeightGroup
 
-            self._pipelinerl_group = WeightGroup(host, port, rank, world_size, timeout_s=timeout_s)
-        elif backend == "nccl":  # GPU only; not verified on a GPU in this repository's CI
-            self._pipelinerl_group = _NcclGroup(host, port, rank, world_size, timeout_s, self.device)  # type: ignore[attr-defined]
-        else:
-            raise ValueError(f"weight-group backend {backend!r} is not 'gloo' or 'nccl'")
+        rank = first_rank + get_tensor_model_parallel_rank()
+        device = self.device  # type: ignore[attr-defined]
+        self._pipelinerl_group = WeightGroup.join(
+            host, port, rank, world_size, timeout_s=timeout_s, device=device
+        )
         return rank
 
     def pipelinerl_receive_and_load(
@@ -67,8 +66,8 @@ class WeightGroupExtension:
     ) -> float:
         """Receive every tensor of one update and load them all in one ``reload_weights`` call.
 
-        Each tensor is received as the loader asks for it (streaming: one tensor of receive buffer at a
-        time, not a second copy of the model). Returns seconds taken.
+        Each bucket of tensors is received as the loader asks for its first tensor (streaming: one
+        bucket of receive buffer at a time, not a second copy of the model). Returns seconds taken.
         """
         started = time.perf_counter()
         self.reload_weights(
@@ -127,40 +126,6 @@ class WeightGroupExtension:
     def _pipelinerl_receive(
         self, names: list[str], shapes: list[list[int]], dtypes: list[str]
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        from pipelinerl.platform.weights import DTYPES
-
         if self._pipelinerl_group is None:
             raise RuntimeError("this worker has not joined a weight group (pipelinerl_join_weight_group)")
-        for dtype in dtypes:
-            if dtype not in DTYPES:
-                raise ValueError(f"weight dtype {dtype!r} is not one of {sorted(DTYPES)}")
-        for name, shape, dtype in zip(names, shapes, dtypes, strict=True):
-            buffer = torch.empty(shape, dtype=DTYPES[dtype], device=self.device)  # type: ignore[attr-defined]
-            self._pipelinerl_group.broadcast([buffer])
-            yield name, buffer
-
-
-class _NcclGroup:
-    """The weight group over NCCL (GPU workers): the same rendezvous as ``WeightGroup``, another backend.
-
-    Not exercised here (no GPU); the trainer side must build the same group with ``backend="nccl"``.
-    """
-
-    def __init__(
-        self, host: str, port: int, rank: int, world_size: int, timeout_s: float, device: torch.device
-    ) -> None:
-        from datetime import timedelta
-
-        import torch.distributed as dist
-
-        timeout = timedelta(seconds=timeout_s)
-        self._store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
-        options = dist.ProcessGroupNCCL.Options()
-        self._group = dist.ProcessGroupNCCL(
-            dist.PrefixStore("weights", self._store), rank, world_size, options
-        )
-        self._device = device
-
-    def broadcast(self, tensors: list[torch.Tensor]) -> None:
-        for tensor in tensors:
-            self._group.broadcast([tensor], 0).wait()
+        yield from zip(names, self._pipelinerl_group.receive(shapes, dtypes), strict=True)

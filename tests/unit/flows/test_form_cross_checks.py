@@ -38,6 +38,21 @@ MISTAKES = [
     ),
     ({"actor": {"num_actors": 3}, "cluster": {"actor_nodes": 2}}, "$.config.actor.num_actors"),
     ({"trainer": {"offload_optimizer": True, "zero_stage": 0}}, "$.config.trainer.zero_stage"),
+    ({"transport": {"weight_backend": "nccl"}}, "$.config.actor.engine"),
+    ({"transport": {"weight_backend": "ipc"}}, "$.config.cluster.colocate"),
+    ({"cluster": {"colocate": True}, "actor": {"gpu_memory_utilization": 0.3}}, "$.config.actor.engine"),
+    (
+        {
+            "cluster": {"colocate": True},
+            "actor": {"engine": "vllm", "num_actors": 2, "gpu_memory_utilization": 0.3},
+        },
+        "$.config.actor.num_actors",
+    ),
+    ({"cluster": {"colocate": True}, "actor": {"engine": "vllm"}}, "$.config.actor.gpu_memory_utilization"),
+    (
+        {"transport": {"weight_backend": "nccl"}, "actor": {"engine": "vllm"}, "trainer": {"device": "cpu"}},
+        "$.config.trainer.device",
+    ),
     (
         {
             "actor": {"engine": "vllm", "tensor_parallel_size": 2},

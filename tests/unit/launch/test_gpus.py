@@ -9,6 +9,7 @@ import pytest
 
 from pipelinerl.launch.gpus import (
     GpuPlanError,
+    actor_gpu_pool,
     plan_actor_gpus,
     plan_trainer_gpus,
     trainer_device,
@@ -136,3 +137,54 @@ def test_trainer_device_cuda_on_a_machine_without_gpus_stops_before_any_process(
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(GpuPlanError, match="no GPU"):
         build_stages(load_config(None, ["trainer.device=cuda"]), tmp_path, tmp_path)
+
+
+def test_the_actors_take_their_gpus_from_what_the_trainer_left_or_share_its_gpu_colocated() -> None:
+    assert actor_gpu_pool(["0", "1", "2"], ["0"], engine="vllm", colocate=False) == ["1", "2"]
+    assert actor_gpu_pool(["0", "1", "2"], ["0"], engine="transformers", colocate=False) == []
+    assert actor_gpu_pool(["3"], ["3"], engine="vllm", colocate=True) == ["3"]
+    with pytest.raises(GpuPlanError, match=r"cluster.colocate=true .*trainer.device resolved to cpu"):
+        actor_gpu_pool([], [], engine="vllm", colocate=True)
+
+
+COLOCATED = [
+    "cluster.colocate=true",
+    "actor.engine=vllm",
+    "actor.python=/bin/python3",
+    "actor.gpu_memory_utilization=0.3",
+]
+
+
+def test_colocated_the_actor_runs_on_the_trainer_s_one_gpu(tmp_path: Path, monkeypatch) -> None:
+    import pipelinerl.launch.stages as stages_module
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(stages_module, "torch_sees_cuda", lambda: True)
+    stages = {stage.name: stage for stage in build_stages(load_config(None, COLOCATED), tmp_path, tmp_path)}
+    assert (
+        stages["trainer0"].env["CUDA_VISIBLE_DEVICES"] == stages["actor0"].env["CUDA_VISIBLE_DEVICES"] == "0"
+    )
+
+
+def test_colocated_without_a_gpu_stops_before_any_process_naming_the_setting(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(GpuPlanError, match="cluster.colocate=true"):
+        build_stages(load_config(None, COLOCATED), tmp_path, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["actor.num_actors=2"], "actor.num_actors=2 must be 1"),
+        (["actor.tensor_parallel_size=2"], "actor.tensor_parallel_size=2 must be 1"),
+        (["trainer.num_processes=2", "rl.batch_size=32"], "trainer.num_processes=2 must be 1"),
+        (["trainer.device=cpu"], "trainer.device='cpu' must be 'auto' or 'cuda'"),
+        (["transport.weight_backend=nccl"], "transport.weight_backend='nccl' must be"),
+        (["actor.gpu_memory_utilization=0.9"], "would leave the trainer 10% of the shared GPU"),
+    ],
+)
+def test_colocate_with_more_than_one_actor_or_rank_is_refused_by_the_config(extra, named) -> None:
+    with pytest.raises(ConfigError, match=named):
+        load_config(None, [*COLOCATED, *extra])
