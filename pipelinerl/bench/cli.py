@@ -10,73 +10,32 @@ Heavy libraries load inside the commands, so ``pipelinerl bench --help`` answers
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
-if TYPE_CHECKING:
-    from rich.progress import Progress
+from pipelinerl.bench.cli_support import (
+    ConfigOption,
+    ModelOption,
+    OutOption,
+    QuickOption,
+    RunDirOption,
+    SeedOption,
+    SetOption,
+    ThreadsOption,
+    console,
+    fail,
+    finish,
+    model_path_or_default,
+    progress_display,
+)
 
 bench_app = typer.Typer(
     help="Benchmarks: learning speed, engine and transport speed, written to docs/benchmarks/<name>.json.",
     no_args_is_help=True,
 )
-console = Console()
-
-QuickOption = Annotated[
-    bool, typer.Option("--quick", help="Small sizes: proves the benchmark runs (seconds).")
-]
-OutOption = Annotated[
-    Path | None,
-    typer.Option("--out", "-o", help="JSON record to write (default: docs/benchmarks/<name>.json)."),
-]
-ThreadsOption = Annotated[
-    int, typer.Option("--threads", min=1, help="torch threads (the actor's default is 1).")
-]
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", help="Base experiment config (TOML); default: the embedded."),
-]
-SetOption = Annotated[
-    list[str] | None, typer.Option("--set", "-s", help="Override on the base config: section.key=value.")
-]
-SeedOption = Annotated[int, typer.Option("--seed", min=0, help="Seed for prompts, sampling and rollouts.")]
-ModelOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--model-path",
-        help="Local Hugging Face model directory (default: the embedded warm-started model, built if "
-        "missing).",
-    ),
-]
-RunDirOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--run-dir", help="A finished run directory (runs/<run-id>) to take the pipeline's rates from."
-    ),
-]
-
-
-@contextlib.contextmanager
-def _progress() -> Iterator[Progress]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    ) as progress:
-        yield progress
-
-
 # The configs shipped beside the package (a source checkout), one per task: configs/<task>.toml.
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 TASK_CONFIGS = {"arithmetic": "pipeline.toml", "math": "math.toml", "reasoning_gym": "reasoning_gym.toml"}
@@ -85,65 +44,11 @@ TASK_CONFIGS = {"arithmetic": "pipeline.toml", "math": "math.toml", "reasoning_g
 def shipped_task_config(task: str) -> Path:
     """The shipped config of ``task`` (``--task``); a clear error for an unknown task or a missing file."""
     if task not in TASK_CONFIGS:
-        raise _fail(f"--task {task!r} has no shipped config; valid: {', '.join(TASK_CONFIGS)} (or --config)")
+        raise fail(f"--task {task!r} has no shipped config; valid: {', '.join(TASK_CONFIGS)} (or --config)")
     path = CONFIGS_DIR / TASK_CONFIGS[task]
     if not path.is_file():
-        raise _fail(f"--task {task!r}: {path} is not there (a source checkout ships configs/); use --config")
+        raise fail(f"--task {task!r}: {path} is not there (a source checkout ships configs/); use --config")
     return path
-
-
-def _fail(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}", soft_wrap=True, highlight=False)
-    return typer.Exit(2)
-
-
-def _model_path(model_path: Path | None) -> Path:
-    if model_path is not None:
-        path = model_path.expanduser()
-        if not (path / "config.json").is_file():
-            raise _fail(f"--model-path {str(path)!r} is not a Hugging Face model directory (no config.json)")
-        return path
-    from pipelinerl.launch.launcher import resolve_model
-    from pipelinerl.platform.config import PipelineConfig
-
-    return resolve_model(PipelineConfig(), console=console)
-
-
-def _finish(
-    name: str,
-    result: dict[str, Any],
-    *,
-    targets: dict,
-    settings: dict,
-    out: Path | None,
-    load_before: list[float],
-    started_at: datetime,
-    render: Any,
-    command: str | None = None,
-) -> None:
-    from pipelinerl.bench.report import build_record, default_path, write_record
-
-    record = build_record(
-        name,
-        headline=result["headline"],
-        settings=settings,
-        details=result["details"],
-        targets=targets,
-        notes=result["notes"],
-        load_before=load_before,
-        started_at=started_at,
-        command=command,
-    )
-    path = write_record(record, out or default_path(name))
-    console.print(render(record), markup=False, highlight=False, soft_wrap=True)
-    load = record["load_average"]
-    console.print(
-        f"\nload average (1/5/15 min) before {load['before']}, after {load['after']} on "
-        f"{record['machine']['usable_cores']} cores; written to {path}",
-        markup=False,
-        highlight=False,
-        soft_wrap=True,
-    )
 
 
 def _run_in_vllm_env(arguments: list[str]) -> int:
@@ -154,7 +59,7 @@ def _run_in_vllm_env(arguments: list[str]) -> int:
 
     python = vllm_python()
     if not python.is_file():
-        raise _fail(
+        raise fail(
             f"--engine vllm needs the vLLM environment, and {python} does not exist: run `make vllm-env`"
         )
     console.print(f"running in the vLLM environment: {python}", markup=False, highlight=False)
@@ -215,9 +120,9 @@ def engine(
     names = engine_names or ["transformers"]
     for name in names:
         if name not in ENGINES:
-            raise _fail(f"--engine {name!r} is not available; valid: {', '.join(sorted(ENGINES))}")
+            raise fail(f"--engine {name!r} is not available; valid: {', '.join(sorted(ENGINES))}")
     if len(set(names)) < len(names):
-        raise _fail(f"--engine given twice for the same engine: {' '.join(names)}")
+        raise fail(f"--engine given twice for the same engine: {' '.join(names)}")
     # engine.json is the reference record (transformers first); other selections get their own name.
     out = out or default_path("engine" if names[0] == "transformers" else "engine-" + "-".join(names))
     import importlib.util
@@ -230,7 +135,7 @@ def engine(
             "--update-interval": update_interval,
             "--repeats": repeats,
             "--run-dir": run_dir,
-            "--model-path": _model_path(model_path),  # resolved here: the warm start needs .venv
+            "--model-path": model_path_or_default(model_path),  # resolved here: the warm start needs .venv
             "--threads": threads,
             "--seed": seed,
             "--out": out,
@@ -261,15 +166,15 @@ def engine(
         try:
             interval, source = step_interval_from_run_dir(run_dir)
         except (FileNotFoundError, ValueError) as error:
-            raise _fail(str(error)) from None
+            raise fail(str(error)) from None
         overrides.update(update_interval_s=interval, update_interval_source=source)
     settings = EngineBenchSettings.quick(**overrides) if quick else EngineBenchSettings(**overrides)
-    path = _model_path(model_path)
-    with _progress() as progress:
+    path = model_path_or_default(model_path)
+    with progress_display() as progress:
         result = summarize(run_engine_bench(path, settings, progress))
     from dataclasses import asdict
 
-    _finish(
+    finish(
         "engine",
         result,
         targets=result["targets"],
@@ -312,20 +217,20 @@ def transport(
     from pipelinerl.bench.transport import TransportBenchSettings, render_transport_table, run_transport_bench
 
     settings = TransportBenchSettings.quick(seed=seed) if quick else TransportBenchSettings(seed=seed)
-    with _progress() as progress:
+    with progress_display() as progress:
         try:
             if run_dir is not None:
                 actor_rate = actor_rate_from_run_dir(run_dir)
             elif engine_json is not None or default_path("engine").is_file():
                 actor_rate = actor_rate_from_engine_json(engine_json or default_path("engine"))
             else:
-                actor_rate = measure_actor_rate(_model_path(model_path), threads, quick, progress)
+                actor_rate = measure_actor_rate(model_path_or_default(model_path), threads, quick, progress)
         except (FileNotFoundError, ValueError, KeyError) as error:
-            raise _fail(str(error)) from None
+            raise fail(str(error)) from None
         result = run_transport_bench(settings, actor_rate, progress)
     from dataclasses import asdict
 
-    _finish(
+    finish(
         "transport",
         result,
         targets={"headroom_over_actor": target_check(result["headline"]["headroom_over_actor"], at_least=20)},
@@ -334,6 +239,56 @@ def transport(
         load_before=load_before,
         started_at=started_at,
         render=render_transport_table,
+    )
+
+
+@bench_app.command()
+def weights(
+    bucket_mib: Annotated[
+        str,
+        typer.Option(
+            "--bucket-mib", help="Bucket sizes to compare, comma-separated MiB; 0 = one broadcast per tensor."
+        ),
+    ] = "0,4,32,256",
+    hidden_size: Annotated[
+        int, typer.Option("--hidden-size", min=64, help="The model's hidden size.")
+    ] = 1024,
+    layers: Annotated[int, typer.Option("--layers", min=1, help="The model's layers.")] = 8,
+    members: Annotated[int, typer.Option("--members", min=1, help="Weight-group members (actors).")] = 1,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Updates per bucket size.")] = 5,
+    port: Annotated[int, typer.Option("--port", min=1024, help="First port (one per bucket size).")] = 28300,
+    quick: QuickOption = False,
+    out: OutOption = None,
+) -> None:
+    """A weight update from trainer rank 0 to the actors' weight group, by bucket size (weight_bucket_mib)."""
+    from pipelinerl.bench.report import load_average
+    from pipelinerl.bench.weights import MIB, WeightsBenchSettings, render_weights_table, run_weights_bench
+
+    try:
+        sizes = tuple(max(1, int(float(part) * MIB)) for part in bucket_mib.split(",") if part.strip())
+    except ValueError:
+        raise fail(f"--bucket-mib {bucket_mib!r} must be comma-separated numbers of MiB") from None
+    if not sizes:
+        raise fail("--bucket-mib names no bucket size")
+    if quick:
+        settings = WeightsBenchSettings.quick()
+    else:
+        settings = WeightsBenchSettings(
+            hidden_size, layers, members=members, bucket_bytes=sizes, repeats=repeats
+        )
+    settings = WeightsBenchSettings(**{**settings.__dict__, "port": port})
+    load_before, started_at = load_average(), datetime.now(UTC)
+    with progress_display() as progress:
+        result = run_weights_bench(settings, progress)
+    finish(
+        "weights",
+        result,
+        targets={},
+        settings={**result.pop("settings"), "quick": quick},
+        out=out,
+        load_before=load_before,
+        started_at=started_at,
+        render=render_weights_table,
     )
 
 
@@ -399,20 +354,20 @@ def learning(
         g_values = [int(part) for part in gs.split(",") if part.strip()]
         seed_values = [int(part) for part in seeds.split(",") if part.strip()]
     except ValueError:
-        raise _fail(f"--gs {gs!r} and --seeds {seeds!r} must be comma-separated integers") from None
+        raise fail(f"--gs {gs!r} and --seeds {seeds!r} must be comma-separated integers") from None
     if not seed_values or any(g < 1 for g in g_values) or any(s < 0 for s in seed_values):
-        raise _fail(f"--gs needs values >= 1 and --seeds values >= 0 (got {gs!r}, {seeds!r})")
+        raise fail(f"--gs needs values >= 1 and --seeds values >= 0 (got {gs!r}, {seeds!r})")
     if quick:
         steps, eval_every, eval_problems, g_values = 4, 2, 16, [2]
     if task is not None:
         if config_path is not None:
-            raise _fail("give --task or --config, not both")
+            raise fail("give --task or --config, not both")
         config_path = shipped_task_config(task)
     try:
         base = load_config(config_path, list(set_ or []))
         base = with_overrides(base, {"run.max_steps": steps, "task.eval_problems": eval_problems})
     except ConfigError as error:
-        raise _fail(str(error)) from None
+        raise fail(str(error)) from None
     load_before, started_at = load_average(), datetime.now(UTC)
     chosen = variants(g_values, with_async=not no_async, strict=not no_strict)
     record_path = out or default_path("learning")
@@ -442,7 +397,7 @@ def learning(
     from pipelinerl.bench.learning import TABLE_HEADERS, table_rows
     from pipelinerl.bench.report import markdown_table
 
-    _finish(
+    finish(
         "learning",
         report,
         targets=targets,
@@ -491,15 +446,15 @@ def faults(
     try:
         seed_values = [int(part) for part in seeds.split(",") if part.strip()]
     except ValueError:
-        raise _fail(f"--seeds {seeds!r} must be comma-separated integers") from None
+        raise fail(f"--seeds {seeds!r} must be comma-separated integers") from None
     if not seed_values or any(seed < 0 for seed in seed_values):
-        raise _fail(f"--seeds needs one or more values >= 0 (got {seeds!r})")
+        raise fail(f"--seeds needs one or more values >= 0 (got {seeds!r})")
     try:
         base = load_config(config_path, list(set_ or []))
         if quick:
             base = with_overrides(base, {"run.max_steps": 6, "task.eval_problems": 16})
     except ConfigError as error:
-        raise _fail(str(error)) from None
+        raise fail(str(error)) from None
     load_before, started_at = load_average(), datetime.now(UTC)
     status = lambda text: console.log(text, markup=False, highlight=False)  # noqa: E731
     report = run_faults_bench(base, seeds=seed_values, rate=rate, on_status=status)
@@ -514,7 +469,7 @@ def faults(
         ),
         "runs_finished": target_check(headline["runs_finished"], at_least=headline["runs"]),
     }
-    _finish(
+    finish(
         "faults",
         report,
         targets=targets,
@@ -540,13 +495,13 @@ def _learning_from_record(path: Path, target_gain: float, out: Path | None) -> N
     from pipelinerl.bench.report import load_average, markdown_table, target_check
 
     if not path.is_file():
-        raise _fail(f"--from-record {str(path)!r} is not a file (a learning.json written by bench learning)")
+        raise fail(f"--from-record {str(path)!r} is not a file (a learning.json written by bench learning)")
     try:
         record = json.loads(path.read_text())
         results = retarget(results_from_record(record), target_gain)
         labels = [row["variant"] for row in record["variants"]]
     except (ValueError, KeyError, TypeError) as error:
-        raise _fail(f"{path} is not a bench learning record ({error})") from None
+        raise fail(f"{path} is not a bench learning record ({error})") from None
     load_before, started_at = load_average(), datetime.now(UTC)
     report = summarize_bench(results, target_gain, labels)
     report["notes"].append(f"summarised again from the runs of {path} (run {record.get('timestamp')})")
@@ -559,7 +514,7 @@ def _learning_from_record(path: Path, target_gain: float, out: Path | None) -> N
     if baselines and (baseline_ess := headline.get(f"ess_mean_{baselines[0]}")) is not None:
         targets["ess_mean_pipeline"] = target_check(headline.get("ess_mean_pipeline"), at_least=baseline_ess)
     record_path = out or path
-    _finish(
+    finish(
         "learning",
         report,
         targets=targets,
@@ -590,7 +545,7 @@ def figures(
     try:
         claims = redraw_paper_figures(run_dirs, out)
     except ValueError as error:
-        raise _fail(str(error)) from None
+        raise fail(str(error)) from None
     console.print(
         markdown_table(CLAIM_HEADERS, claim_rows(claims)), markup=False, highlight=False, soft_wrap=True
     )

@@ -132,3 +132,32 @@ def test_unknown_engine_is_refused_with_the_valid_ones(tmp_path: Path) -> None:
     result = run_bench("engine", "--engine", "nope", "--quick", cwd=tmp_path)
     assert result.returncode == 2
     assert "nope" in result.stdout and "transformers" in result.stdout
+
+
+def test_bench_weights_quick_moves_every_update_through_real_weight_groups(tmp_path: Path) -> None:
+    """Real member processes receive each update (the run would hang or fail otherwise); the record has
+    a row per bucket size with its broadcast count from the bucket plan."""
+    from tests.conftest import worker_port
+
+    out = tmp_path / "weights.json"
+    result = run_bench(
+        "weights", "--quick", "--port", str(worker_port(28340)), "--out", str(out), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = json.loads(out.read_text())
+    for key in RECORD_KEYS:
+        assert key in record, key
+    rows = {row["bucket_bytes"]: row for row in record["bucket_sizes"]}
+    assert sorted(rows) == [1, 1 << 20]
+    assert rows[1]["buckets_per_update"] == record["tensors"]  # one broadcast per tensor
+    assert rows[1 << 20]["buckets_per_update"] < record["tensors"]
+    for row in rows.values():
+        assert len(row["update_ms"]) == record["settings"]["repeats"]
+        assert_positive_finite(row, ("update_ms_median", "mb_per_s"))
+    assert "per tensor" in result.stdout
+
+
+def test_bench_weights_refuses_a_bucket_size_that_is_not_a_number(tmp_path: Path) -> None:
+    result = run_bench("weights", "--bucket-mib", "4,big", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "'4,big'" in result.stdout
