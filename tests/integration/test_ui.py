@@ -11,7 +11,6 @@ others wait for the comparison to finish. Screenshots go to ``$PIPELINERL_TEST_A
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ from fastapi.testclient import TestClient
 from pipelinerl.platform.config import PipelineConfig, load_config
 from pipelinerl.ui.app import UiSettings, create_app, settings_from_config
 from pipelinerl.ui.load_benchmark import BackgroundServer
+from tests.browser import headless_chromium
 from tests.conftest import worker_port
 
 # The tests after the first wait for the comparison to finish (about a minute and a half here).
@@ -138,34 +138,8 @@ def api(settings: UiSettings) -> Iterator[TestClient]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium is None or driver is None:
-        pytest.skip(
-            "the browser tests need Debian's chromium and chromium-driver "
-            "(sudo apt-get install -y chromium chromium-driver)"
-        )
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the dev extra")
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = chromium
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1400,2300",
-    ):
-        options.add_argument(argument)
-    session = webdriver.Chrome(options=options, service=Service(driver))
-    session.set_page_load_timeout(60)
-    try:
+    with headless_chromium() as session:
         yield session
-    finally:
-        session.quit()
 
 
 @pytest.fixture(scope="module")

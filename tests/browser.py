@@ -1,0 +1,43 @@
+"""A real headless browser for the tests of web pages: Debian's chromium through chromium-driver
+(selenium). Tests that need one skip, saying what to install, where the machine lacks it."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+
+@contextmanager
+def headless_chromium(window: str = "1400,2300") -> Iterator[Any]:
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.skip(
+            "the browser tests need Debian's chromium and chromium-driver "
+            "(sudo apt-get install -y chromium chromium-driver)"
+        )
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the dev extra")
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = chromium
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--window-size={window}",
+    ):
+        options.add_argument(argument)
+    session = webdriver.Chrome(options=options, service=Service(driver))
+    session.set_page_load_timeout(60)
+    try:
+        yield session
+    finally:
+        session.quit()
