@@ -96,7 +96,9 @@ def test_actors_that_outrun_the_trainer_are_held_back(tmp_path, random_model_dir
     # Steps 0..7 were trained; one more batch may have left as the trainer finished.
     assert [r["step"] for r in sent] in (list(range(8)), list(range(9)))
     assert all(r["step"] <= r["trainer_version"] for r in sent), sent
-    assert sum(r["preprocessor/held_s"] > 0.01 for r in sent) >= 2, "the bound was reached and held batches"
+    # How many batches the bound holds depends on how sequences finish against the trainer's pace (CI,
+    # on a loaded machine, saw one held of eight): at least one shows the bound acting.
+    assert any(r["preprocessor/held_s"] > 0.01 for r in sent), "the bound was reached and held a batch"
 
 
 @pytest.mark.parametrize("train_during_round", [True, False])
@@ -215,7 +217,7 @@ def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random
     rollouts = Receiver(context, config.transport.address("rollouts"), "pull", bind=True)
     actor.start(cwd=Path.cwd())
     try:
-        group = WeightGroup(config.transport.host, config.transport.port("weight_group"), 0, 2)
+        group = WeightGroup.lead(config.transport.host, config.transport.port("weight_group"), 2)
         first = rollouts.recv(timeout_s=120)
         assert isinstance(first, Rollout), actor.log_tail()
         log = run_dir / "logs" / "actor0.log"
@@ -239,7 +241,7 @@ def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random
                 created_at=time.time(),
             )
         )
-        group.broadcast(tensors)
+        group.send(tensors)
         deadline = time.monotonic() + 120
         newest = 0
         while newest < 1 and time.monotonic() < deadline:

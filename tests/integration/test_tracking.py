@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +24,7 @@ from pipelinerl.launch.launcher import launch
 from pipelinerl.platform.checkpoint import read_info
 from pipelinerl.platform.config import load_config
 from pipelinerl.platform.tracking.metrics import METRICS
-from tests.conftest import worker_port
+from tests.conftest import free_port, worker_port
 
 pytestmark = pytest.mark.slow
 
@@ -208,12 +207,6 @@ def test_the_same_records_track_to_postgresql(tracked, postgres_url, second_post
     detail = PlatformStore(second_postgres_url).get_run("replayed-run")
     assert detail.run.status == "finished" and len(detail.steps) == STEPS
     assert tracker.failures == 0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextlib.contextmanager
