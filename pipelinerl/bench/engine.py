@@ -17,14 +17,16 @@ Three measurements, all on the same model directory (default: the embedded warm-
    prompts (left-padded), same sampling settings, also producing the behaviour log-probs the actor
    needs. *Useful* tokens stop at each sequence's first EOS; *raw* tokens are what the batch
    computed (H x the batch's longest completion): the difference is padding.
-3. **in-flight updates**: the continuous measurement again, while every ``update_interval_s`` (the
-   pipeline's time per optimizer step) a second thread, as the actor's weight receiver does, calls
-   ``update_weights`` to load a full state dict (the same weights, perturbed) with the actor's own
-   loader. Two durations per update: the *pause* the engine reports (from asking the loop to pause,
+3. **in-flight updates**: the continuous measurement again, while a second thread, as the actor's
+   weight receiver does, calls ``update_weights`` to load a full state dict (the same weights,
+   perturbed) with the actor's own loader: first once the first decode step has run, then every
+   ``update_interval_s`` (the pipeline's time per optimizer step), so every such run has at least
+   one. Two durations per update: the *pause* the engine reports (from asking the loop to pause,
    which first lets the current decode step finish, to resuming: the actor's
    ``weights/update_pause_ms``) and the *stall* (from the loop parked, when the load starts, to
    resuming: the time no token is generated). ``update_pause_fraction`` = sum of stalls / wall time
-   of the runs with updates: the share of actor time the updates take at that rate. The sum of
+   of the runs with updates: the share of actor time the updates take at that rate (one update more
+   per run than a clock started at the first submit would give, so it errs high). The sum of
    pauses gives an upper bound, and tokens/s with updates against without a cross-check that
    catches any cost the timers miss.
 

@@ -149,21 +149,23 @@ def run_continuous(
 ) -> GenerationStats:
     """Generate the workload with up to ``in_flight`` sequences, refilling whole groups like the actor.
 
-    Wall time runs from the first submit to the last completion. ``updates`` are loaded every
-    ``update_interval_s`` from the start by a second thread, as the actor's weight receiver does
-    (through ``sender`` for an engine whose workers receive them over a weight group), while this
-    thread keeps polling and refilling.
+    Wall time runs from the first submit to the last completion. ``updates`` are loaded by a second
+    thread, as the actor's weight receiver does (through ``sender`` for an engine whose workers
+    receive them over a weight group), while this thread keeps polling and refilling: the first as
+    soon as the first decode step has run (sequences are in flight), then every ``update_interval_s``.
+    Starting on progress rather than on the clock means every run with updates measures at least one,
+    however fast the engine finishes the workload.
     """
     if updates is not None and not update_interval_s:
         raise ValueError("update_interval_s must be positive when updates are given")
     groups = iter(list(workload.groups()))
     stats = GenerationStats()
-    done = threading.Event()
+    done, generating = threading.Event(), threading.Event()
     updater = None
     if updates is not None and update_interval_s:
         updater = threading.Thread(
             target=_update_every,
-            args=(lambda: updates.apply(engine, sender), update_interval_s, done, stats),
+            args=(lambda: updates.apply(engine, sender), update_interval_s, generating, done, stats),
             name="bench-updates",
         )
     started, cpu_started = time.perf_counter(), process_tree_cpu_s()
@@ -182,6 +184,8 @@ def run_continuous(
                 for prompt in group:
                     engine.submit(uuid.uuid4().hex, prompt)
             completed = engine.poll(timeout_s=0.02)
+            if engine.num_in_flight:
+                generating.set()
             for sequence in completed:
                 stats.sequences += 1
                 stats.useful_tokens += len(sequence.completion_token_ids)
@@ -199,15 +203,24 @@ def run_continuous(
 
 
 def _update_every(
-    update: Callable[[], UpdateTiming], interval_s: float, done: threading.Event, stats: GenerationStats
+    update: Callable[[], UpdateTiming],
+    interval_s: float,
+    generating: threading.Event,
+    done: threading.Event,
+    stats: GenerationStats,
 ) -> None:
-    """``update()`` every ``interval_s`` until ``done``; record each pause, stall and phases."""
-    while not done.wait(interval_s):
+    """Once ``generating`` is set, ``update()`` at once and then every ``interval_s`` until ``done``;
+    record each pause, stall and phases."""
+    while not (generating.wait(0.01) or done.is_set()):
+        pass
+    while not done.is_set():
         timing = update()
         stats.pauses_ms.append(1000 * timing.pause_s)
         stats.stalls_ms.append(1000 * timing.stall_s)
         if timing.phases_ms:
             stats.phases_ms.append(timing.phases_ms)
+        if done.wait(interval_s):
+            break
 
 
 def useful_lengths(completions: np.ndarray, eos_token_id: int) -> np.ndarray:
