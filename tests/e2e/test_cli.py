@@ -22,19 +22,16 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 
 
 def test_help_lists_commands_without_heavy_imports():
-    started = time.perf_counter()
     result = run_cli("--help")
-    elapsed = time.perf_counter() - started
     assert result.returncode == 0
     assert "run" in result.stdout and "config" in result.stdout
-    # Not a timing assertion on speed, but on what was imported: torch must not load for --help.
+    # What was imported, not how long it took: torch must not load for --help.
     probe = subprocess.run(
         [sys.executable, "-c", "import sys, pipelinerl.cli; print('torch' in sys.modules)"],
         capture_output=True,
         text=True,
     )
     assert probe.stdout.strip() == "False", probe.stderr
-    assert elapsed < 30
 
 
 def test_bad_value_fails_before_anything_starts(tmp_path):
