@@ -124,8 +124,12 @@ def test_held_out_evaluation_during_the_run_reaches_mlflow(tmp_path, random_mode
     records = [json.loads(line) for line in (result.run_dir / "eval.jsonl").read_text().splitlines()]
     versions = [record["policy_version"] for record in records]
     # Rounds are due at v2, v4, v6; each fills the engine's slots ahead of new training prompts, so
-    # a round finishes within about one trainer step: at least the first two are in before v8.
-    assert len(versions) >= 2 and versions == sorted(versions) and 2 <= versions[0] <= 3, versions
+    # a round finishes within about one trainer step: at least the first two are in before v8. The
+    # engine's version may pass a multiple of 2 while the actor waits (backpressure), so a round can
+    # start a version or two late, never twice for one multiple nor before v2.
+    assert len(versions) >= 2 and versions[0] >= 2, versions
+    multiples = [version // 2 for version in versions]
+    assert multiples == sorted(set(multiples)), f"one round per multiple of eval.every: {versions}"
     for record in records:
         assert record["problems"] == config.task.eval_problems and record["samples"] == 2
         assert sum(record["labels"].values()) == config.task.eval_problems * 2
