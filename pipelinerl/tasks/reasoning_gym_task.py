@@ -26,34 +26,41 @@ generator: in reasoning-gym 0.1.25, ``list_functions`` differs between calls, an
 
 Scoring: the answer is the content of the last ``<answer>`` tag, up to its ``</answer>`` or, when
 the tag is still open, to the end of the completion. ``</answer>`` is the stop string, and a
-completion cut there may lack the closing tag; it is scored the same. The generator's own
-``score_answer`` then gives the reward: 1.0 is ``correct``; anything less is ``wrong`` with the
-generator's partial credit as the reward (e.g. ``gsm_symbolic`` gives 0.01 for a wrong number).
+completion cut there may lack the closing tag; it is scored the same. The answer then passes the
+generator's grammar (``reasoning_gym_answers.py``): several scorers evaluate their answer with
+``eval`` or sympy's ``parse_expr``, so a completion could otherwise run code, forge its reply or
+read the scorer's variables. Text outside the grammar is ``unparsable`` with reward 0; accepted text
+goes, in its canonical form, to the generator's own ``score_answer``, which gives the reward: 1.0
+is ``correct``; anything less is ``wrong`` with the generator's partial credit as the reward (e.g.
+``gsm_symbolic`` gives 0.01 for a wrong number).
 
-The verifiers run in a child process (``_Verifier``): several of them (``countdown``, ``puzzle24``,
-the integration and polynomial generators) evaluate the answer with sympy's ``parse_expr``, which
-can run for ever (``<answer>9**9**9**9</answer>``) and executes Python builtins named in the text.
-A call past ``SCORE_TIMEOUT_S`` kills the child (the next call starts a new one) and scores
-``unparsable``. The child keeps the trainer's process safe from hangs and crashes; it is no sandbox.
+Every scorer runs in the scoring sandbox (``sandbox.py``): a supervisor process imports the
+generator, and each answer is scored in a fresh evaluator forked from it, confined (no network,
+read-only file system, the user ``nobody``, limits, a system-call filter) and killed at
+``SCORE_TIMEOUT_S`` (``unparsable``); its reply travels on a pipe of its own, so no answer can
+decide another's score. A generator the audit does not cover (registered by the user, or new in
+another reasoning-gym version) is refused when the task is built unless the option
+``allow_unsafe_scorer = true`` accepts that its raw answers reach its scorer (still sandboxed).
+Refusals are counted in ``ReasoningGymTask.refusals`` by reason.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import hashlib
-import json
+import importlib.metadata
 import logging
 import math
-import pickle
-import select
-import subprocess
-import sys
-import threading
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from pipelinerl.tasks import reasoning_gym_answers
+from pipelinerl.tasks.answer_grammar import GrammarError
 from pipelinerl.tasks.base import Message, Problem, Score, Split
+from pipelinerl.tasks.sandbox import Handler, Sandbox
 
 try:
     import reasoning_gym
@@ -81,8 +88,12 @@ MAX_DRAWS_PER_PROBLEM = 50
 _TASK_CONTROLLED_PARAMS = ("seed", "size")
 # A verifier call takes milliseconds; one that runs this long is stuck (see the module docstring).
 SCORE_TIMEOUT_S = 10.0
-# Starting the verifier's child imports reasoning-gym (about 2 s on an idle machine).
+# Starting the sandbox's supervisor imports reasoning-gym (about 3 s on an idle machine).
 VERIFIER_START_TIMEOUT_S = 120.0
+# Reference answers (and as many wrong ones) the scorer is warmed up on (``sandbox.Handler``).
+_WARM_UP_SAMPLES = 3
+# The option that lets an unaudited generator's raw answers reach its scorer (sandboxed).
+UNSAFE_OPTION = "allow_unsafe_scorer"
 _OPEN_TAG, _CLOSE_TAG = "<answer>", "</answer>"
 _GALLERY = "https://github.com/open-thought/reasoning-gym/blob/main/GALLERY.md"
 
@@ -163,99 +174,58 @@ def _create(generator: str, params: Mapping[str, Any], seed: int, size: int) -> 
         ) from error
 
 
-# The child's program: build the generator once, then answer (answer, entry) requests with
-# ["ok", score] or ["error", repr]. Requests (pickled: entries hold Fractions) come on stdin from the
-# parent; replies go back as JSON lines on the original stdout, never pickled: some scorers evaluate
-# Python written in the answer, so the child is not trusted, and unpickling its reply would let a
-# completion run code in the preprocessor. What the library prints goes to stderr.
-_VERIFIER_PROGRAM = """
-import json, os, pickle, sys
-replies = os.fdopen(os.dup(1), "wb")
-os.dup2(2, 1)
-requests = sys.stdin.buffer
-import reasoning_gym
-generator, params = pickle.load(requests)
-dataset = reasoning_gym.create_dataset(generator, seed=0, size=1, **params)
-def reply(status, value):
-    replies.write(json.dumps([status, value]).encode() + b"\\n")
-    replies.flush()
-reply("ok", "ready")
-while True:
-    try:
-        answer, entry = pickle.load(requests)
-    except EOFError:
-        break
-    try:
-        reply("ok", float(dataset.score_answer(answer, entry)))
-    except Exception as error:
-        reply("error", repr(error))
-"""
-
-
-class _Verifier:
-    """One generator's ``score_answer`` in a child process, killed and restarted when a call overruns."""
-
-    def __init__(self, generator: str, params: Mapping[str, Any]) -> None:
-        self.generator = generator
-        self.params = dict(params)
-        self._process: subprocess.Popen[bytes] | None = None
-        self._lock = threading.Lock()  # one request in flight on the pipes
-
-    def __call__(self, answer: str, entry: Mapping[str, Any]) -> float:
-        """The generator's score; TimeoutError past ``SCORE_TIMEOUT_S``, RuntimeError if it raised."""
-        with self._lock:
-            try:
-                if self._process is None:
-                    self._process = self._start()
-                status, value = self._request(self._process, (answer, dict(entry)), SCORE_TIMEOUT_S)
-            except BaseException:
-                self.close()
-                raise
-        if status != "ok":
-            raise RuntimeError(f"score_answer raised {value}")
-        return float(value)
-
-    def close(self) -> None:
-        """Stop the child (the next call starts a new one)."""
-        process, self._process = self._process, None
-        if process is not None:
-            process.kill()
-            process.wait()
-            for stream in (process.stdin, process.stdout):
-                if stream is not None:
-                    stream.close()
-
-    def _start(self) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(
-            [sys.executable, "-c", _VERIFIER_PROGRAM], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+def _check_audited(generator: str, params: Mapping[str, Any], allow_unsafe: object) -> bool:
+    if not isinstance(allow_unsafe, bool):
+        raise ValueError(f"{UNSAFE_OPTION} must be true or false, got {allow_unsafe!r}")
+    names = [generator]
+    if generator == reasoning_gym_answers.COMPOSITE:
+        names += reasoning_gym_answers.composite_members(params)
+    unaudited = [name for name in names if not reasoning_gym_answers.is_audited(name)]
+    if unaudited and not allow_unsafe:
+        raise ValueError(
+            f"reasoning-gym generator {', '.join(map(repr, unaudited))} has a scorer nobody audited "
+            f"(the audit covers reasoning-gym {reasoning_gym_answers.AUDITED_VERSION}'s generators): it "
+            "may evaluate answer text as code, which the policy would learn to exploit, so it is refused; "
+            f"set task option {UNSAFE_OPTION} = true to accept that its raw answers reach its scorer "
+            "(inside the scoring sandbox: no network, read-only files, unprivileged, killed at the timeout)"
         )
-        self._process = process  # so that close() stops it if it does not come up
-        self._request(process, (self.generator, self.params), VERIFIER_START_TIMEOUT_S)
-        return process
+    installed = _installed_version()
+    if installed != reasoning_gym_answers.AUDITED_VERSION and installed not in _version_warned:
+        _version_warned.add(installed)
+        logger.warning(
+            "reasoning-gym %s is installed but the audit of its scorers read %s: a scorer that changed "
+            "may evaluate raw answers (still inside the scoring sandbox)",
+            installed,
+            reasoning_gym_answers.AUDITED_VERSION,
+        )
+    return allow_unsafe
 
-    @staticmethod
-    def _request(process: subprocess.Popen[bytes], message: object, timeout_s: float) -> tuple[str, Any]:
-        assert process.stdin is not None and process.stdout is not None
-        pickle.dump(message, process.stdin)
-        process.stdin.flush()
-        readable, _, _ = select.select([process.stdout], [], [], timeout_s)
-        if not readable:
-            raise TimeoutError(f"no reply within {timeout_s:g} s")
-        line = process.stdout.readline()
-        if not line:
-            raise EOFError("the scoring process exited")
-        reply = json.loads(line)
-        if not (isinstance(reply, list) and len(reply) == 2 and reply[0] in ("ok", "error")):
-            raise RuntimeError(f"the scoring process replied {line[:200]!r}")
-        return reply[0], reply[1]
 
-    def __getstate__(self) -> dict[str, Any]:  # a copied task starts its own child
-        return {"generator": self.generator, "params": self.params}
+_version_warned: set[str] = set()
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.generator, self.params = state["generator"], state["params"]
-        self._process = None
-        self._lock = threading.Lock()
+
+def _installed_version() -> str:
+    try:
+        return importlib.metadata.version("reasoning-gym")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def sandboxed_scorer(args: tuple[str, dict[str, Any]]) -> Handler:
+    """The sandbox's setup (run in its supervisor): ``generator``'s scorer as a function of
+    ``(answer, entry)``, warmed up on reference answers and wrong ones (``sandbox.Handler``)."""
+    generator, params = args
+    dataset = reasoning_gym.create_dataset(generator, seed=0, size=1, **params)
+
+    def score(request: tuple[str | None, dict[str, Any]]) -> float:
+        answer, entry = request
+        return float(dataset.score_answer(answer, entry))
+
+    warm_up: list[tuple[str | None, dict[str, Any]]] = []
+    with contextlib.suppress(Exception):  # a generator that runs dry (word_ladder) warms up on fewer
+        for entry in reasoning_gym.create_dataset(generator, seed=1, size=_WARM_UP_SAMPLES, **params):
+            warm_up.append((None if entry["answer"] is None else str(entry["answer"]), entry))
+    return Handler(score, (*warm_up, *(("0", entry) for _, entry in warm_up)))
 
 
 class ReasoningGymTask:
@@ -272,9 +242,11 @@ class ReasoningGymTask:
         params: Mapping[str, Any] | None = None,
         instruction: str = DEFAULT_INSTRUCTION,
         system_prompt: str | None = None,
+        allow_unsafe_scorer: bool = False,
     ) -> None:
         self.generator = _check_generator(generator)
         self.params = _check_params(self.generator, {} if params is None else params)
+        self.allow_unsafe_scorer = _check_audited(self.generator, self.params, allow_unsafe_scorer)
         if not isinstance(instruction, str):
             raise ValueError(f"instruction must be a string, got {instruction!r}")
         if system_prompt is not None and (not isinstance(system_prompt, str) or not system_prompt.strip()):
@@ -283,7 +255,16 @@ class ReasoningGymTask:
         self.system_prompt = system_prompt
         # Validates the params now rather than at the first draw.
         _create(self.generator, self.params, seed=0, size=1)
-        self._verify = _Verifier(self.generator, self.params)
+        self._verify = Sandbox(
+            f"{__name__}:sandboxed_scorer",
+            (self.generator, self.params),
+            name=f"reasoning_gym {self.generator}",
+            start_timeout_s=VERIFIER_START_TIMEOUT_S,
+        )
+        # Answers refused, by reason: grammar (outside it), error (the scorer raised), timeout,
+        # crashed (a limit ended the evaluator), refused (its reply broke the protocol), failed
+        # (the sandbox itself), nan (a NaN reward).
+        self.refusals: Counter[str] = Counter()
 
     def problems(self, split: Split, count: int, seed: int) -> list[Problem]:
         if split not in ("train", "eval"):
@@ -352,20 +333,31 @@ class ReasoningGymTask:
             logger.debug("reasoning_gym: problem %s carries no generator entry", problem.problem_id)
             return Score(0.0, "unparsable")
         try:
-            reward = self._verify(answer, entry)
-        except RuntimeError as error:  # the verifier choked on the answer text
+            text = reasoning_gym_answers.scorer_text(
+                self.generator, answer, entry, self.params, self.allow_unsafe_scorer
+            )
+        except GrammarError as error:
+            self.refusals["grammar"] += 1
             logger.debug("reasoning_gym %s: problem %s: %s", self.generator, problem.problem_id, error)
             return Score(0.0, "unparsable")
-        except Exception as error:  # a stuck verifier (killed) or a child that died or did not start
-            logger.warning(
-                "reasoning_gym %s: problem %s: verifier failed (%r) on answer %.200r",
+        outcome = self._verify.call((text, dict(entry)), SCORE_TIMEOUT_S)
+        value = outcome.value
+        if outcome.status != "ok" or isinstance(value, bool) or not isinstance(value, int | float):
+            reason = outcome.status if outcome.status != "ok" else "refused"
+            self.refusals[reason] += 1
+            log = logger.debug if reason == "error" else logger.warning  # a scorer choking on text is normal
+            log(
+                "reasoning_gym %s: problem %s: %s (%s) on answer %.200r",
                 self.generator,
                 problem.problem_id,
-                error,
+                reason,
+                outcome.detail or f"value {value!r}",
                 answer,
             )
             return Score(0.0, "unparsable")
+        reward = float(value)
         if math.isnan(reward):
+            self.refusals["nan"] += 1
             return Score(0.0, "unparsable")
         if reward >= 1.0:
             return Score(1.0, "correct")

@@ -4,15 +4,15 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pipelinerl.tasks import TaskError, get_task
+from pipelinerl.tasks import TaskError, get_task, math_grading
 from pipelinerl.tasks.base import Message, Problem
 from pipelinerl.tasks.math import DEFAULT_INSTRUCTION, MathTask
 from pipelinerl.tasks.math_data import SHIPPED_PATH, generate, render
@@ -120,24 +120,50 @@ def test_an_answer_pattern_replaces_the_box() -> None:
     assert task.score(problem("0.5"), "\\boxed{1/2}").label == "no_answer"
 
 
-def test_a_slow_answer_is_cut_at_the_timeout_from_any_thread() -> None:
-    timeout_s, margin_s = 0.5, 2.0
-    task = MathTask(score_timeout_s=timeout_s)
+def _children() -> set[int]:
+    """The processes this one started that are still running (not zombies)."""
+    children = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            children.add(int(entry.name))
+    return children
+
+
+def test_a_slow_answer_is_cut_at_the_timeout_from_any_thread_and_costs_no_start() -> None:
+    task = MathTask(score_timeout_s=0.5)
     slow = problem("3")
-
-    def timed(completion: str) -> tuple[str, float]:
-        start = time.monotonic()
-        label = task.score(slow, completion).label
-        return label, time.monotonic() - start
-
-    assert timed("\\boxed{3}")[0] == "correct"  # a ready worker, so the start is not timed below
-    label, elapsed_s = timed(SLOW_ANSWER)
-    assert label == "unparsable" and elapsed_s < timeout_s + margin_s
+    assert task.score(slow, "\\boxed{3}").label == "correct"  # a grader is up
+    children = _children()
+    assert task.score(slow, SLOW_ANSWER).label == "unparsable"
+    assert task.score(slow, "\\boxed{3}").label == "correct"
     with ThreadPoolExecutor(max_workers=1) as thread:  # math-verify's own timeouts fail off the main thread
-        assert thread.submit(timed, "\\boxed{3}").result()[0] == "correct"
-        label, elapsed_s = thread.submit(timed, SLOW_ANSWER).result()
-    assert label == "unparsable" and elapsed_s < timeout_s + margin_s
-    assert timed("\\boxed{3}")[0] == "correct"  # the killed worker was replaced
+        assert thread.submit(task.score, slow, SLOW_ANSWER).result().label == "unparsable"
+        assert thread.submit(task.score, slow, "\\boxed{3}").result().label == "correct"
+    # Only the evaluators were killed: the graders this process started are the same processes.
+    assert _children() == children
+
+
+def test_a_timed_out_answer_is_counted_and_the_next_one_waits_for_no_start() -> None:
+    task = MathTask(score_timeout_s=0.5)
+    assert task.score(problem("3"), "\\boxed{3}").label == "correct"  # a grader is up
+    before = math_grading.grading_counts()
+    assert task.score(problem("3"), SLOW_ANSWER).label == "unparsable"
+    assert task.score(problem("3"), "\\boxed{3}").label == "correct"
+    after = math_grading.grading_counts()
+    assert after["timeout"] == before.get("timeout", 0) + 1
+    for count in ("graders_started", "start_waits"):
+        assert after[count] == before[count], count
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the full isolation needs root")
+def test_grading_runs_confined() -> None:
+    assert MathTask().score(problem("3"), "\\boxed{3}").label == "correct"
+    graders = list(math_grading._idle_graders)
+    assert graders and all(grader.isolation is not None and grader.isolation.complete for grader in graders)
 
 
 def test_scoring_garbage_never_raises(task: MathTask) -> None:

@@ -8,11 +8,14 @@ import os
 import pickle
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import reasoning_gym
 
-from pipelinerl.tasks import Message, Problem, Task, TaskError, get_task, reasoning_gym_task
+from pipelinerl.tasks import Message, Problem, Score, Task, TaskError, get_task, reasoning_gym_task
 from pipelinerl.tasks.reasoning_gym_task import (
     DEFAULT_INSTRUCTION,
     ReasoningGymTask,
@@ -21,6 +24,7 @@ from pipelinerl.tasks.reasoning_gym_task import (
 )
 
 GENERATORS = ("basic_arithmetic", "chain_sum", "gsm_symbolic")
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 # chain_sum with two one-digit terms: about 200 distinct questions, 26 of them in eval.
 TINY_CHAIN_SUM = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 
@@ -163,18 +167,72 @@ def test_a_verifier_that_raises_scores_unparsable() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_a_stuck_verifier_is_killed_and_restarted(monkeypatch: pytest.MonkeyPatch) -> None:
-    # countdown evaluates the answer with sympy, which never finishes 9**9**9**9.
-    monkeypatch.setattr(reasoning_gym_task, "SCORE_TIMEOUT_S", 1.0)
+def test_an_answer_outside_the_grammar_never_reaches_the_scorer() -> None:
+    # countdown evaluates the answer with sympy, which never finishes 9**9**9**9: its grammar has no
+    # power, so the scorer never sees it (a valid answer that runs for ever is cut at the timeout:
+    # tests/integration/test_scoring_attacks.py).
     task = ReasoningGymTask(generator="countdown")
     problem = task.problems("train", 1, seed=0)[0]
-    assert task.score(problem, "<answer>9**9**9**9</answer>").label == "unparsable"
+    assert task.score(problem, "<answer>9**9**9**9</answer>") == Score(0.0, "unparsable")
+    assert task.refusals == {"grammar": 1}
     assert task.score(problem, task.reference_completion(problem)).label == "correct"
-    # A copy (another process's task) starts its own verifier.
+    # A copy (another process's task) starts its own sandbox.
     copy = pickle.loads(pickle.dumps(task))
     assert copy.score(problem, task.reference_completion(problem)).label == "correct"
+    assert copy._verify.pid not in (None, task._verify.pid)
     task._verify.close()
     copy._verify.close()
+
+
+@pytest.fixture
+def unaudited_generator() -> Iterator[str]:
+    """A generator the audit does not know: one the user registered (here spell_backward's classes)."""
+    from reasoning_gym.algorithmic.spell_backward import SpellBackwardConfig, SpellBackwardDataset
+    from reasoning_gym.factory import DATASETS, register_dataset
+
+    register_dataset("my_spelling", SpellBackwardDataset, SpellBackwardConfig)
+    yield "my_spelling"
+    del DATASETS["my_spelling"]
+
+
+def test_an_unaudited_generator_is_refused_unless_its_risk_is_accepted(unaudited_generator: str) -> None:
+    with pytest.raises(ValueError, match=r"'my_spelling'.*nobody audited.*evaluate answer text as code.*"
+                       r"allow_unsafe_scorer = true"):
+        ReasoningGymTask(generator=unaudited_generator)
+    with pytest.raises(TaskError, match="allow_unsafe_scorer"):
+        get_task("reasoning_gym", generator=unaudited_generator)
+    with pytest.raises(ValueError, match="allow_unsafe_scorer must be true or false, got 'yes'"):
+        ReasoningGymTask(generator="chain_sum", allow_unsafe_scorer="yes")  # type: ignore[arg-type]
+    task = ReasoningGymTask(generator=unaudited_generator, allow_unsafe_scorer=True)
+    assert task.allow_unsafe_scorer and task.problems("train", 1, seed=0)
+
+
+def _shipped_generators() -> list[tuple[str, dict[str, object]]]:
+    found = []
+    for path in sorted(CONFIGS.glob("*.toml")):
+        task = tomllib.loads(path.read_text()).get("task", {})
+        if task.get("name") == "reasoning_gym":
+            options = task.get("options", {})
+            found.append((options["generator"], dict(options.get("params", {}))))
+    return found
+
+
+@pytest.mark.parametrize(("generator", "params"), [*_shipped_generators(), ("chain_sum", {})])
+def test_the_shipped_configs_generators_score_as_their_library_does(
+    generator: str, params: dict[str, object]
+) -> None:
+    # Safe scorers get the raw answer: the sandboxed score equals the library's own, partial credit too.
+    task = ReasoningGymTask(generator=generator, params=params)
+    dataset = reasoning_gym.create_dataset(generator, seed=0, size=1, **params)
+    try:
+        for problem in task.problems("train", 5, seed=0):
+            entry = problem.data["entry"]
+            for answer in (problem.answer, problem.answer[:-1] or "x", problem.answer[::-1], "0"):
+                expected = float(dataset.score_answer(answer, entry))
+                score = task.score(problem, f"<answer>{answer}</answer>")
+                assert score.reward == (1.0 if expected >= 1.0 else max(expected, 0.0)), (answer, score)
+    finally:
+        task._verify.close()
 
 
 def test_a_generator_without_reference_answers_cannot_warm_start() -> None:
