@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+# Fixtures that live in their own modules, for every test.
+pytest_plugins = ["tests.side_effects"]
+
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -2,9 +2,10 @@
 and sends without ever blocking.
 
 A PUSH whose peer refuses its handshake (no CurveZMQ keys, or a socket type the port does not pair
-with) never gets a ready peer, so a send without a timeout blocks forever. ``StrangerPush`` waits
+with) never gets a ready peer, so a send without a timeout blocks forever. ``send_as_stranger`` waits
 for the handshake's outcome on the socket's monitor (an event, not a sleep) and sends with a send
-timeout, so the test knows what happened and cannot hang.
+timeout, so the test knows what happened and cannot hang. Every run authenticates its peers, so a
+stranger is refused; given the run's keys (``keys``) it plays an insider whose keys leaked.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Literal
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
+
+from pipelinerl.platform.curve_keys import CurveKeys, present_client_keys
 
 Handshake = Literal["accepted", "refused"]
 
@@ -42,13 +45,17 @@ def send_as_stranger(
     *,
     handshake_timeout_s: float = 30.0,
     send_timeout_s: float = 1.0,
+    keys: CurveKeys | None = None,
 ) -> Delivery:
-    """Connect a keyless PUSH to ``address``, wait for its handshake to succeed or fail, then send.
+    """Connect a PUSH to ``address`` (keyless, or presenting ``keys``), wait for its handshake to
+    succeed or fail, then send.
 
     Raises ``TimeoutError`` naming the address if the handshake has no outcome in time.
     """
     context = zmq.Context.instance()
     socket = context.socket(zmq.PUSH)
+    if keys is not None:
+        present_client_keys(socket, keys)
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.SNDTIMEO, int(send_timeout_s * 1000))
     monitor = socket.get_monitor_socket(_SUCCEEDED | _FAILED)

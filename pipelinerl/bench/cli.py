@@ -203,6 +203,13 @@ def transport(
     quick: QuickOption = False,
     threads: ThreadsOption = 1,
     seed: SeedOption = 0,
+    curve: Annotated[
+        bool,
+        typer.Option(
+            "--curve/--plain",
+            help="CurveZMQ on both paths, as every run has it (default), or plain TCP to measure its cost.",
+        ),
+    ] = True,
     out: OutOption = None,
 ) -> None:
     """Rollouts/s, MB/s and latency of the ZeroMQ path against raw pyzmq; headroom over the actor."""
@@ -216,7 +223,11 @@ def transport(
     )
     from pipelinerl.bench.transport import TransportBenchSettings, render_transport_table, run_transport_bench
 
-    settings = TransportBenchSettings.quick(seed=seed) if quick else TransportBenchSettings(seed=seed)
+    settings = (
+        TransportBenchSettings.quick(seed=seed, curve=curve)
+        if quick
+        else TransportBenchSettings(seed=seed, curve=curve)
+    )
     with progress_display() as progress:
         try:
             if run_dir is not None:
@@ -462,6 +473,10 @@ def faults(
     targets = {
         "lost": target_check(headline["lost"], below=1),
         "stranger_rollouts_trained": target_check(headline["stranger_rollouts_trained"], below=1),
+        # a peer without the run's keys is refused at the handshake (checked once per flooded run)
+        "keyless_strangers_refused": target_check(
+            headline["keyless_strangers_refused"], at_least=headline["flooded_runs"]
+        ),
         # bad input costs no learning: the flooded runs' median gain within 5 points of the undisturbed
         "gain_flooded_median": target_check(
             headline["gain_flooded_median"],

@@ -3,8 +3,10 @@
 For each seed the same experiment runs twice, undisturbed and then flooded. The flood begins once
 the preprocessor has sent its first batch (the stages are up and warm) and lasts until the trainer
 has taken ``FLOOD_UNTIL`` of the run's steps (so the run reads all of it before it ends), aimed at
-the run's rollout socket, the receiving socket another process on the machine can reach
-(docs/reliability.md):
+the run's rollout socket, from a process holding the run's keys (every run authenticates its peers,
+on loopback too, so the flood plays an insider whose keys leaked: what reaches the decoder and the
+stage's checks); a process without them is refused at the handshake, which each flooded run checks once
+(``keyless stranger``) and the preprocessor counts (``preprocessor/unauthenticated``):
 
 * damaged, truncated, garbage and wrong-schema frames (``fault_frames.damaged_frames``) at ``rate``
   frames per second;
@@ -19,6 +21,9 @@ preprocessor's counts of refused, lost and dropped input (``preprocessor.final.j
 it stopped), the trainer's refusals,
 the ids of every trained rollout (none may be a stranger's), and the preprocessor's memory while the
 flood lasts. The comparison of the two runs' learning is the point: bad input must cost nothing.
+"Lost from the actors" is measured only where the preprocessor counted the actors' rollouts as theirs
+(``preprocessor/received_from_actors``: their streams were pinned); otherwise it has no value and its
+target is not met.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ IMPOSSIBLE_EVERY_S = 5.0
 FLOOD_UNTIL = 0.75  # of the run's steps
 OVERSIZED = 5
 FIRST_BATCH_TIMEOUT_S = 600.0
+KEYLESS_HANDSHAKE_TIMEOUT_S = 30.0  # a handshake takes milliseconds; a loaded machine gets ample room
 
 TABLE_HEADERS = (
     "seed",
@@ -54,6 +60,7 @@ TABLE_HEADERS = (
     "refused and counted",
     "unread at the end",
     "lost from the actors",
+    "keyless stranger",
     "stranger rollouts trained",
     "trainer refused",
     "preprocessor memory (MiB)",
@@ -68,6 +75,7 @@ class Flood:
     damaged: int = 0
     impossible: int = 0
     oversized: int = 0
+    keyless: str | None = None  # how a peer without the run's keys fared: refused, accepted, no outcome
     rss_mib: list[float] = field(default_factory=list)
     error: str | None = None
 
@@ -137,6 +145,7 @@ def _flood(config: PipelineConfig, run_dir: Path, rate: int, runner: threading.T
     import psutil
     import zmq
 
+    from pipelinerl.platform.curve_keys import present_client_keys, run_keys
     from pipelinerl.tasks import build_task
 
     problems = build_task(config.task).problems("train", config.task.train_problems, config.run.seed)
@@ -150,6 +159,10 @@ def _flood(config: PipelineConfig, run_dir: Path, rate: int, runner: threading.T
     oversized = context.socket(zmq.PUSH)
     oversized.setsockopt(zmq.LINGER, 0)
     try:
+        flood.keyless = _keyless_handshake(context, address)
+        keys = run_keys(run_dir)  # the launcher wrote them before any stage started
+        present_client_keys(stranger, keys)
+        present_client_keys(oversized, keys)
         stranger.connect(address)
         oversized.connect(address)
         for _ in range(OVERSIZED):
@@ -184,6 +197,36 @@ def _flood(config: PipelineConfig, run_dir: Path, rate: int, runner: threading.T
         stranger.close(linger=0)
         oversized.close(linger=0)
         context.term()
+
+
+def _keyless_handshake(context: Any, address: str) -> str:
+    """Connect a PUSH without the run's keys to ``address``; how its handshake ended, from its monitor."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    failed = (
+        zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        | zmq.EVENT_DISCONNECTED
+    )
+    socket = context.socket(zmq.PUSH)
+    socket.setsockopt(zmq.LINGER, 0)
+    monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | failed)
+    try:
+        socket.connect(address)
+        deadline = time.monotonic() + KEYLESS_HANDSHAKE_TIMEOUT_S
+        while (left := deadline - time.monotonic()) > 0 and monitor.poll(int(left * 1000)):
+            event = recv_monitor_message(monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                return "accepted"
+            if event & failed:
+                return "refused"
+        return "no outcome"
+    finally:
+        socket.disable_monitor()
+        monitor.close(linger=0)
+        socket.close(linger=0)
 
 
 def _steps_trained(run_dir: Path) -> int:
@@ -228,7 +271,11 @@ def run_row(seed: int, kind: str, run: RunResult, flood: Flood) -> dict[str, Any
         # At most what the stranger sent and the stage never read: still queued when the run ended.
         "unread": max(0, flood.damaged + flood.impossible - refused),
         # The actors' messages lost; a stranger's damaged envelopes skip numbers of its own streams only.
-        "lost": int(last.get("preprocessor/lost_from_actors", 0)),
+        # Measured only if the actors' rollouts were counted as theirs (their streams pinned).
+        "lost": _lost_from_actors(last),
+        "received_from_actors": last.get("preprocessor/received_from_actors"),
+        "keyless_stranger": flood.keyless,
+        "unauthenticated": last.get("preprocessor/unauthenticated"),
         "lost_any_stream": int(last.get("preprocessor/lost", 0)),
         "dropped_incomplete_groups": int(last.get("samples/dropped_incomplete_group", 0)),
         "peer_disconnects": int(last.get("preprocessor/peer_disconnects", 0)),
@@ -236,6 +283,17 @@ def run_row(seed: int, kind: str, run: RunResult, flood: Flood) -> dict[str, Any
         "stranger_trained": sum(rollout_id.startswith("stranger") for rollout_id in trained),
         "rss_mib": [round(min(flood.rss_mib), 1), round(max(flood.rss_mib), 1)] if flood.rss_mib else None,
     }
+
+
+def _lost_from_actors(final: dict[str, Any]) -> int | None:
+    """``preprocessor/lost_from_actors``, or None where it measured nothing: a record without it, or one
+    whose actors' rollouts were never counted as theirs (their streams not pinned, so a loss in them
+    would not have counted either)."""
+    lost = final.get("preprocessor/lost_from_actors")
+    received = final.get("preprocessor/received_from_actors")
+    if lost is None or not received:
+        return None
+    return int(lost)
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -261,7 +319,9 @@ def summarize(rows: list[dict[str, Any]], bench_id: str, base: PipelineConfig, r
         "impossible_rollouts_sent": sum(row["sent_impossible"] for row in flooded),
         "refused_counted": sum(row["refused"] for row in flooded),
         "unread_at_end": sum(row["unread"] for row in flooded),
-        "lost": sum(row["lost"] for row in rows),
+        "lost": None if any(row["lost"] is None for row in rows) else sum(row["lost"] for row in rows),
+        "keyless_strangers_refused": sum(row["keyless_stranger"] == "refused" for row in flooded),
+        "flooded_runs": len(flooded),
         "stranger_rollouts_trained": sum(row["stranger_trained"] for row in rows),
         "preprocessor_growth_mib_max": max(growth) if growth else None,
         "runs_finished": sum(row["steps"] == base.run.max_steps for row in rows),
@@ -274,6 +334,9 @@ def summarize(rows: list[dict[str, Any]], bench_id: str, base: PipelineConfig, r
         f"The flood aims at the rollout socket ({rate} damaged frames/s, impossible rollouts every "
         f"{IMPOSSIBLE_EVERY_S:.0f} s, {OVERSIZED} oversized frames at the start), from the first batch "
         f"until {FLOOD_UNTIL:.0%} of the steps are trained.",
+        "Every run authenticates its peers (CurveZMQ, on loopback too): the flood is sent with the run's "
+        "keys, as an insider whose keys leaked would; a peer without them (keyless stranger) is refused "
+        "at the handshake and counted in preprocessor/unauthenticated.",
         "Refused counts every damaged frame and impossible rollout the preprocessor read, and also the "
         "actor's own rollouts of groups the incomplete-group bound dropped when they completed late.",
         "ZeroMQ's PULL reads its peers in turn, so the stranger's frames are read at most as often as the "
@@ -312,7 +375,8 @@ def table_rows(record: dict[str, Any]) -> list[list[Any]]:
                 row["sent_impossible"] if flooded else "",
                 row["refused"],
                 row["unread"] if flooded else "",
-                row["lost"],
+                "-" if row["lost"] is None else row["lost"],
+                row["keyless_stranger"] or "",
                 row["stranger_trained"],
                 row["trainer_refused"],
                 "" if not row["rss_mib"] else f"{row['rss_mib'][0]:.0f} -> {row['rss_mib'][1]:.0f}",

@@ -1,7 +1,11 @@
 """``pipelinerl bench transport``: rollouts through the platform's ZeroMQ path against raw pyzmq.
 
-Run: ``pipelinerl bench transport [--run-dir runs/<id>] [--quick]``; writes
+Run: ``pipelinerl bench transport [--run-dir runs/<id>] [--quick] [--curve | --plain]``; writes
 ``docs/benchmarks/transport.json``.
+
+``--curve`` (the default: what every run uses, on loopback too) gives both paths' sockets a fresh pair
+of CurveZMQ keys, as the launcher gives a run (authenticated and encrypted); ``--plain`` measures
+plain TCP, so the two records together give what authentication costs.
 
 The platform path is exactly what the actor and the preprocessor run: a ``wire.Rollout`` encoded
 by ``wire.encode`` (msgpack header + one raw frame per array) and sent by ``transport.Sender``
@@ -34,10 +38,12 @@ import contextlib
 import multiprocessing
 import random
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,6 +53,8 @@ from pipelinerl.platform.wire import Rollout, encode
 
 if TYPE_CHECKING:
     from rich.progress import Progress
+
+    from pipelinerl.platform.curve_keys import CurveKeys
 
 LONG_VOCAB = 150_000  # token ids of long rollouts span a Qwen-sized vocabulary
 CHARS_PER_TOKEN = 4  # completion text per token of a BPE tokenizer on English/maths
@@ -79,6 +87,7 @@ class TransportBenchSettings:
     warmup: int = 50
     high_water_mark: int = 32  # the run's transport.queue_size
     seed: int = 0
+    curve: bool = True  # CurveZMQ keys on both paths' sockets, as every run has them
 
     @classmethod
     def quick(cls, **overrides: Any) -> TransportBenchSettings:
@@ -176,10 +185,15 @@ class _Ends:
     receives or sends one message: a ``Rollout`` on the platform path, a list of frames on the raw one.
     """
 
-    def __init__(self, context: Any, path: str, high_water_mark: int) -> None:
+    def __init__(self, context: Any, path: str, high_water_mark: int, keys_dir: str | None = None) -> None:
         if path not in ("platform", "raw"):
             raise ValueError(f"path must be 'platform' or 'raw', got {path!r}")
         self.context, self.path, self.high_water_mark = context, path, high_water_mark
+        self.keys: CurveKeys | None = None
+        if keys_dir is not None:
+            from pipelinerl.platform.curve_keys import run_keys
+
+            self.keys = run_keys(Path(keys_dir))
 
     def bind_pull(self) -> tuple[Any, str, Callable[[], Any]]:
         import zmq
@@ -188,7 +202,12 @@ class _Ends:
 
         if self.path == "platform":
             receiver = Receiver(
-                self.context, "tcp://127.0.0.1:*", "pull", bind=True, high_water_mark=self.high_water_mark
+                self.context,
+                "tcp://127.0.0.1:*",
+                "pull",
+                bind=True,
+                high_water_mark=self.high_water_mark,
+                keys=self.keys,
             )
 
             def receive() -> Any:
@@ -199,6 +218,10 @@ class _Ends:
 
             return receiver, receiver.address, receive
         socket = self._raw_socket(zmq.PULL)
+        if self.keys is not None:
+            from pipelinerl.platform.curve_keys import serve_with_keys
+
+            serve_with_keys(socket, self.keys)
         socket.bind("tcp://127.0.0.1:*")
 
         def receive_raw() -> Any:
@@ -214,7 +237,14 @@ class _Ends:
         from pipelinerl.platform.transport import Sender
 
         if self.path == "platform":
-            sender = Sender(self.context, address, "push", bind=False, high_water_mark=self.high_water_mark)
+            sender = Sender(
+                self.context,
+                address,
+                "push",
+                bind=False,
+                high_water_mark=self.high_water_mark,
+                keys=self.keys,
+            )
 
             def send(message: Any) -> None:
                 # The actor's pattern: try at once, then wait in slices while the queue is full.
@@ -224,6 +254,10 @@ class _Ends:
 
             return sender, send
         socket = self._raw_socket(zmq.PUSH)
+        if self.keys is not None:
+            from pipelinerl.platform.curve_keys import present_client_keys
+
+            present_client_keys(socket, self.keys)
         socket.connect(address)
         return socket, lambda frames: socket.send_multipart(frames)
 
@@ -245,17 +279,20 @@ class _Ends:
 def _peer_main(control: Connection) -> None:
     """Serve measurement commands from ``control`` until it sends None (runs in a child process).
 
-    ``("sink", path, n, hwm)``: bind, receive the warm-up count the parent sends next, then ``n``
-    messages, and answer the monotonic time of the last. ``("echo", path, n, hwm)``: bind, connect
-    back to the address the parent sends, send every one of ``n`` messages back.
+    ``("sink", path, n, hwm, keys_dir)``: bind, receive the warm-up count the parent sends next, then
+    ``n`` messages, and answer the monotonic time of the last. ``("echo", path, n, hwm, keys_dir)``:
+    bind, connect back to the address the parent sends, send every one of ``n`` messages back.
+    ``keys_dir``: the run directory of the CurveZMQ keys both ends use, or None (plain TCP).
     """
     import zmq
+
+    from pipelinerl.platform.curve_keys import stop_authentication
 
     context = zmq.Context()
     try:
         while (command := control.recv()) is not None:
-            kind, path, total, high_water_mark = command
-            ends = _Ends(context, path, high_water_mark)
+            kind, path, total, high_water_mark, keys_dir = command
+            ends = _Ends(context, path, high_water_mark, keys_dir)
             pull, address, receive = ends.bind_pull()
             with pull:
                 control.send(address)
@@ -273,6 +310,7 @@ def _peer_main(control: Connection) -> None:
                         send(receive())
                     control.recv()  # the last echo arrived: closing now drops nothing (LINGER 0)
     finally:
+        stop_authentication(context)
         context.destroy(linger=0)
 
 
@@ -318,6 +356,7 @@ def measure_throughput(
     count: int,
     settings: TransportBenchSettings,
     on_progress: Callable[[int], None] | None = None,
+    keys_dir: str | None = None,
 ) -> dict[str, float]:
     """Push ``count`` rollouts (cycling through ``rollouts``); rollouts/s and MB/s at the receiver."""
     import zmq
@@ -327,9 +366,9 @@ def measure_throughput(
     total_bytes = sum(sizes[index % len(sizes)] for index in range(count))
     context = zmq.Context()
     try:
-        peer.control.send(("sink", path, count, settings.high_water_mark))
+        peer.control.send(("sink", path, count, settings.high_water_mark, keys_dir))
         address = peer.recv(PEER_START_TIMEOUT_S)
-        sender, send = _Ends(context, path, settings.high_water_mark).connect_push(address)
+        sender, send = _Ends(context, path, settings.high_water_mark, keys_dir).connect_push(address)
         with sender:
             peer.control.send(settings.warmup)
             for index in range(settings.warmup):
@@ -343,7 +382,7 @@ def measure_throughput(
                     on_progress(step)
             last_received = peer.recv()
     finally:
-        context.destroy(linger=0)
+        _destroy(context)
     elapsed = last_received - started
     return {
         "rollouts": count,
@@ -360,6 +399,7 @@ def measure_latency(
     count: int,
     settings: TransportBenchSettings,
     on_progress: Callable[[int], None] | None = None,
+    keys_dir: str | None = None,
 ) -> dict[str, float]:
     """Ping-pong ``count`` rollouts through the echoing peer; one-way latency = round trip / 2."""
     import zmq
@@ -368,9 +408,9 @@ def measure_latency(
     context = zmq.Context()
     round_trips: list[float] = []
     try:
-        peer.control.send(("echo", path, settings.warmup + count, settings.high_water_mark))
+        peer.control.send(("echo", path, settings.warmup + count, settings.high_water_mark, keys_dir))
         peer_address = peer.recv(PEER_START_TIMEOUT_S)
-        ends = _Ends(context, path, settings.high_water_mark)
+        ends = _Ends(context, path, settings.high_water_mark, keys_dir)
         receiver, own_address, receive = ends.bind_pull()
         sender, send = ends.connect_push(peer_address)
         with sender, receiver:
@@ -388,7 +428,7 @@ def measure_latency(
                     on_progress(step)
             peer.control.send("close")
     finally:
-        context.destroy(linger=0)
+        _destroy(context)
     one_way_us = np.asarray(round_trips) / 2 * 1e6
     return {
         "round_trips": count,
@@ -396,6 +436,13 @@ def measure_latency(
         "one_way_us_p99": float(np.percentile(one_way_us, 99)),
         "one_way_us_mean": float(one_way_us.mean()),
     }
+
+
+def _destroy(context: Any) -> None:
+    from pipelinerl.platform.curve_keys import stop_authentication
+
+    stop_authentication(context)  # the ZAP thread of a context that bound a CURVE server
+    context.destroy(linger=0)
 
 
 # ----- the benchmark -----
@@ -406,6 +453,12 @@ def run_transport_bench(
 ) -> dict[str, Any]:
     """Throughput and latency of both paths for every shape; the headline and details for the record."""
     per_shape: dict[str, dict[str, Any]] = {}
+    keys_home = tempfile.TemporaryDirectory(prefix="bench-transport-keys-")
+    keys_dir: str | None = None
+    if settings.curve:  # a fresh pair for this benchmark, as the launcher writes one per run
+        from pipelinerl.platform.curve_keys import create_curve_keys
+
+        keys_dir = str(create_curve_keys(Path(keys_home.name)).parent)
     peer = Peer()
     try:
         for shape in settings.shapes:
@@ -427,11 +480,9 @@ def run_transport_bench(
                             f"{shape.name}: {path} throughput ({repeat + 1})", total=throughput_count
                         )
                     )
-                    runs.append(
-                        measure_throughput(
-                            peer, path, rollouts, throughput_count, settings, _advance(progress, task)
-                        )
-                    )
+                    advance = _advance(progress, task)
+                    count = throughput_count
+                    runs.append(measure_throughput(peer, path, rollouts, count, settings, advance, keys_dir))
                 best = statistics.median(run["rollouts_per_s"] for run in runs)
                 task = (
                     None
@@ -439,7 +490,7 @@ def run_transport_bench(
                     else progress.add_task(f"{shape.name}: {path} latency", total=latency_count)
                 )
                 latency = measure_latency(
-                    peer, path, rollouts, latency_count, settings, _advance(progress, task)
+                    peer, path, rollouts, latency_count, settings, _advance(progress, task), keys_dir
                 )
                 entry[path] = {
                     "rollouts_per_s": best,
@@ -457,6 +508,7 @@ def run_transport_bench(
             per_shape[shape.name] = entry
     finally:
         peer.close()
+        keys_home.cleanup()
     embedded = per_shape[settings.shapes[0].name]
     headline = {
         "headroom_over_actor": embedded["platform"]["rollouts_per_s"] / actor_rate.rollouts_per_s,
@@ -467,9 +519,15 @@ def run_transport_bench(
         "raw_rollouts_per_s": embedded["raw"]["rollouts_per_s"],
         "added_latency_us_p50": embedded["added_latency_us_p50"],
         "added_latency_us_p99": embedded["added_latency_us_p99"],
+        "curve": settings.curve,
     }
     details = {"actor_rate": actor_rate.as_dict(), "shapes": per_shape}
     notes = [
+        (
+            "both paths authenticated and encrypted with a fresh pair of CurveZMQ keys, as every run is"
+            if settings.curve
+            else "both paths plain TCP (--plain): no CurveZMQ, unlike a run"
+        ),
         "platform: wire.encode + transport.Sender (PUSH, connect, the actor's send pattern) -> "
         "transport.Receiver (PULL, bind) + wire.decode, receiver in a separate process; raw: the same "
         "frames, encoded once beforehand, through bare pyzmq PUSH/PULL with the same options, not decoded.",

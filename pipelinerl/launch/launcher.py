@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from pipelinerl.launch.actor_env import check_actor_interpreter
 from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, LocalStages, RunStalled, StageFailed, StallWatch
-from pipelinerl.platform.checkpoint import CheckpointError, latest_checkpoint, starting_version
+from pipelinerl.platform.checkpoint import latest_checkpoint, starting_version
 from pipelinerl.platform.config import ConfigError, PipelineConfig, with_overrides
 from pipelinerl.platform.jsonl import JsonlTail
 from pipelinerl.platform.restart_records import discard_after, read_restarts
@@ -84,9 +84,11 @@ def new_run_id(mode: str) -> str:
 
 
 def preflight(config: PipelineConfig) -> None:
-    """Fail before any process starts: ports in use, unreachable tracking stores, a bad checkpoint."""
+    """Fail before any process starts: bad run paths, ports in use, unreachable tracking stores."""
+    from pipelinerl.launch.run_paths import check_run_paths
     from pipelinerl.platform.transport import check_bindable
 
+    check_run_paths(config)  # first: the later checks read the checkpoint as the model directory
     if config.cluster.placement == "local":  # placed on the pools, the actors' nodes have their own
         check_actor_interpreter(config)  # interpreters, and the ports are on trainer node 0
         check_cpus(config)
@@ -99,16 +101,16 @@ def preflight(config: PipelineConfig) -> None:
         check_reachable(mlflow_uri(config))
         check_reachable(database_url(config), "platform database")
     check_task_and_model(config)
-    if config.run.resume_from is not None:
-        from pipelinerl.platform.checkpoint import read_info
 
-        info = read_info(config.run.resume_from)  # CheckpointError names what is missing
-        if info.policy_version >= config.run.max_steps:
-            raise CheckpointError(
-                f"run.resume_from={str(config.run.resume_from)!r} is at policy version "
-                f"{info.policy_version}; run.max_steps={config.run.max_steps} leaves nothing to train "
-                "(max_steps counts versions from 0, so raise it)"
-            )
+
+def make_private_run_dir(run_dir: Path) -> None:
+    """Create ``run_dir`` (new) readable by the run's user only: its logs name the stages' streams and
+    its ``keys/`` hold the run's secret keys (the stages' own files are private too: ``stages``)."""
+    from pipelinerl.platform.curve_keys import PRIVATE_DIR_MODE
+
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=False)
+    os.chmod(run_dir, PRIVATE_DIR_MODE)  # mkdir's mode passes through the umask; this does not
 
 
 def check_cpus(config: PipelineConfig) -> None:
@@ -303,18 +305,7 @@ class Sinks:
         for callback in self.on_trainer:
             callback(list(records))
         if self.tracker is not None:
-            self.tracker.trainer_records(records)
-            for record in records:
-                if "checkpoint" in record:
-                    from pipelinerl.platform.tracking.mlflow_store import CheckpointRecord
-
-                    self.tracker.checkpoint(
-                        CheckpointRecord(
-                            int(record["policy_version"]),
-                            int(record["samples/trained"]),
-                            record["checkpoint"],
-                        )
-                    )
+            self.tracker.trainer_records(records)  # checkpoints among them are logged by the tracker
 
     def actor_records(self, records: Sequence[dict[str, Any]]) -> None:
         if self.tracker is not None:
@@ -384,12 +375,13 @@ def launch(
     status("preparing the model")
     model_path = resolve_model(config)
     run_dir = (config.run.output_dir / (run_id or new_run_id(config.run.mode))).resolve()
-    run_dir.mkdir(parents=True, exist_ok=False)
+    make_private_run_dir(run_dir)
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
-    if not config.transport.is_loopback:
-        from pipelinerl.platform.transport import create_curve_keys
+    from pipelinerl.platform.curve_keys import create_curve_keys
 
-        create_curve_keys(run_dir)  # stages on other nodes read them from the shared run directory
+    # Every run authenticates its peers, on loopback too (another local process is a stranger); stages
+    # on other nodes read the keys from the shared run directory.
+    create_curve_keys(run_dir)
     tracker = None
     if config.tracking.enabled:
         from pipelinerl.platform.tracking.run_tracker import RunTracker
@@ -401,6 +393,7 @@ def launch(
             parent_mlflow_run_id=parent_mlflow_run_id,
             parent_run_id=parent_run_id,
             prefect_flow_run_id=prefect_flow_run_id,
+            run_dir=run_dir,
         )
         mlflow_run_id = tracker.start(model_path, started_at=time.time())
         (run_dir / "mlflow_run_id").write_text(mlflow_run_id)

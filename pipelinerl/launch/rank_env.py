@@ -3,7 +3,9 @@
 torchrun, like DeepSpeed's launcher, starts each rank with its place in the job in environment
 variables, which ``torch.distributed``'s ``env://`` rendezvous and ``deepspeed.init_distributed``
 read. The launcher supervises one process per rank itself (each rank has its log, its restart and
-its stop), so it sets the very variables torchrun would set for the same placement, computed here;
+its stop), so it sets the very variables torchrun would set for the same placement, computed here
+(the trainer serves the rendezvous at ``MASTER_ADDR:MASTER_PORT`` itself, listening on that address
+only: ``platform/stores.py``);
 ``tests/unit/launch/test_rank_env.py`` starts real torchrun agents and compares. The trainer takes
 its rank from ``RANK`` and its GPU from ``LOCAL_RANK``, so ``torchrun -m pipelinerl.workers.trainer``
 places it the same way.

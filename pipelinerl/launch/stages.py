@@ -35,8 +35,11 @@ from pipelinerl.launch.gpus import (
 )
 from pipelinerl.launch.rank_env import torchrun_env
 from pipelinerl.platform.config import PipelineConfig, Role
+from pipelinerl.platform.curve_keys import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
 
 SHUTDOWN_GRACE_S = 30.0
+# Files a stage creates are its user's only (0600, directories 0700): records, checkpoints, tokens.
+STAGE_UMASK = 0o077
 LOG_TAIL_LINES = 40
 POLL_S = 0.5
 PR_SET_PDEATHSIG = 1
@@ -98,7 +101,7 @@ class Stage:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, cwd: Path) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
         cpus = self.cpus
 
         def before_exec() -> None:  # only prctl and sched_setaffinity: no locks taken
@@ -106,7 +109,11 @@ class Stage:
             if cpus:
                 os.sched_setaffinity(0, cpus)
 
-        with self.log_path.open("ab") as log:
+        # The log is the run's user's only (it names the stage's streams), as is every file the stage
+        # writes (STAGE_UMASK): the run directory is no one else's business.
+        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE)
+        os.fchmod(log_fd, PRIVATE_FILE_MODE)  # also a log an earlier attempt of the run left
+        with os.fdopen(log_fd, "ab") as log:
             self.process = subprocess.Popen(
                 self.command,
                 env=self.env,
@@ -115,6 +122,7 @@ class Stage:
                 cwd=cwd,
                 start_new_session=True,
                 preexec_fn=before_exec,  # noqa: PLW1509
+                umask=STAGE_UMASK,
             )
 
     @property

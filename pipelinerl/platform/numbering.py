@@ -12,9 +12,17 @@ Every socket that sends stamps its messages 1, 2, 3, ... under a stream name of 
 from wherever it starts.
 
 The number of streams tracked is bounded (``max_streams``, least recently seen dropped first), so a
-peer inventing stream names cannot grow a receiver's memory. The streams a receiver expects (``pinned``:
-the run's own senders) are never dropped: a flood of invented names must not make a real stream's
-next number look like a gap from 1.
+peer inventing stream names cannot grow a receiver's memory.
+
+Pinning by sender name: a stream is named ``<sender>/<pid>/<random>`` (``transport.Sender``: one
+stream per socket, so a restarted stage, with a new pid, sends a new stream that starts at 1 again
+and is no replay). A receiver is told the *sender names* of the run's own stages (``pinned``, e.g.
+``actor0``); every stream whose part before the first ``/`` is one of them is pinned: kept apart from
+the bounded table, so a flood of invented names cannot push it out and make its next number look like
+a gap from 1, and its gaps are the run's own losses (``is_pinned``). Only peers that passed the run's
+CurveZMQ handshake can send at all (``transport``), so only a holder of the run's keys could invent
+streams under a pinned name; even so each pinned name keeps at most ``MAX_INCARNATIONS`` streams
+(least recently seen dropped first: a restarted stage's dead incarnations go first).
 """
 
 from __future__ import annotations
@@ -24,6 +32,20 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 DEFAULT_MAX_STREAMS = 1024
+# Streams kept per pinned sender name: one per incarnation of the stage (a restart makes a new one),
+# far more than a run's restarts keep alive at once; the bound only matters against a key holder.
+MAX_INCARNATIONS = 8
+
+
+def actor_sender(actor_id: int) -> str:
+    """The sender name of actor ``actor_id``'s rollout stream: the actor sends under it, the
+    preprocessor pins it (one place, so the two cannot drift apart)."""
+    return f"actor{actor_id}"
+
+
+def sender_of(stream: str) -> str:
+    """The sender name of ``stream``: its part before the first ``/`` (``actor0`` of ``actor0/41/9f2a1c``)."""
+    return stream.split("/", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -67,34 +89,48 @@ Verdict = InOrder | Gap | Replay
 
 
 class StreamNumbers:
-    """The last number seen of each stream (at most ``max_streams`` streams)."""
+    """The last number seen of each stream (at most ``max_streams`` unpinned streams, and at most
+    ``MAX_INCARNATIONS`` streams per pinned sender name)."""
 
     def __init__(
         self, *, expect_first: bool, max_streams: int = DEFAULT_MAX_STREAMS, pinned: Collection[str] = ()
     ) -> None:
         if max_streams < 1:
             raise ValueError(f"max_streams must be >= 1, got {max_streams}")
+        for name in pinned:
+            if not name or "/" in name:
+                raise ValueError(
+                    f"a pinned sender name is a stream's part before its first '/', got {name!r}"
+                )
         self.expect_first = expect_first
         self.max_streams = max_streams
-        self.pinned = frozenset(pinned)
+        self.pinned = frozenset(pinned)  # sender names
         self._last: OrderedDict[str, int] = OrderedDict()  # streams not pinned, least recently seen first
-        self._pinned_last: dict[str, int] = {}
+        # Per pinned sender name, its streams (incarnations), least recently seen first.
+        self._pinned_last: dict[str, OrderedDict[str, int]] = {name: OrderedDict() for name in self.pinned}
+
+    def is_pinned(self, stream: str) -> bool:
+        """Whether ``stream`` belongs to one of the run's own senders (its sender name is pinned)."""
+        return sender_of(stream) in self.pinned
+
+    def pinned_streams(self) -> list[str]:
+        """The pinned streams tracked now (each incarnation of each pinned sender seen)."""
+        return [stream for streams in self._pinned_last.values() for stream in streams]
 
     def observe(self, stream: str, seq: int) -> Verdict:
         """Judge message ``seq`` of ``stream``; a replay leaves the record unchanged."""
-        record = self._pinned_last if stream in self.pinned else self._last
+        pinned = self._pinned_last.get(sender_of(stream))
+        record, bound = (self._last, self.max_streams) if pinned is None else (pinned, MAX_INCARNATIONS)
         last = record.get(stream)
         if last is None:
             last = 0 if self.expect_first else seq - 1
         elif seq <= last:
-            if record is self._last:
-                self._last.move_to_end(stream)
+            record.move_to_end(stream)
             return Replay(stream, seq, last)
         record[stream] = seq
-        if record is self._last:
-            self._last.move_to_end(stream)
-            while len(self._last) > self.max_streams:
-                self._last.popitem(last=False)
+        record.move_to_end(stream)
+        while len(record) > bound:
+            record.popitem(last=False)
         if seq == last + 1:
             return InOrder(stream, seq)
         return Gap(stream, last + 1, seq)

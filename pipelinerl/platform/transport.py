@@ -23,46 +23,57 @@ Invariants:
 * A PUSH socket that connects sets ``IMMEDIATE``, so it queues nothing for a peer that is not
   there (a message waits in the sender, where backpressure can see it, until a consumer connects).
 * ``LINGER`` is 0: closing a socket drops what it has not sent instead of hanging the process.
-* Messages are numbered per sending socket (``wire.Envelope``: a stream name, then 1, 2, ...). A
-  receiver counts numbers skipped (``lost_count``, logged with the gap; ``senders_lost_count``: of
-  the streams it was told to expect, the run's own senders) and numbers that come again (rejected as
-  replays). A receiver built with ``on_gap="fail"`` raises ``MessagesLost`` naming the
-  gap instead: the trainer's batch inbox does, since a lost batch would leave the trainer and the
-  preprocessor waiting for each other.
-* Every bound socket uses ZAP, also on loopback without CurveZMQ (a ZAP domain): libzmq then refuses a peer
-  that does not speak ZMTP 3 (any plain TCP client: without it, libzmq takes such a peer for a
+* Messages are numbered per sending socket (``wire.Envelope``: a stream ``<name>/<pid>/<random>``,
+  then 1, 2, ...). A receiver counts numbers skipped (``lost_count``, logged with the gap;
+  ``senders_lost_count``: in the streams of the run's own senders, the sender names it was told,
+  ``senders``: see ``numbering``) and numbers that come again (rejected as replays); of the messages
+  it received, ``senders_received_count`` came from those streams. A receiver built with
+  ``on_gap="fail"`` raises ``MessagesLost`` naming the gap instead: the trainer's batch inbox does,
+  since a lost batch would leave the trainer and the preprocessor waiting for each other.
+* Every bound socket uses ZAP (a ZAP domain, also a socket built without keys): libzmq then refuses a
+  peer that does not speak ZMTP 3 (any plain TCP client: without it, libzmq takes such a peer for a
   ZMTP 1.0 one, and a bound PUSH would deal it every other message).
+* A bound socket and every receiver count the handshakes their peers failed (``unauthenticated_count``:
+  a peer without the run's keys, or with other keys) apart from the connections dropped after a
+  handshake that succeeded (``peer_disconnects``), read from the socket's monitor on a thread of its
+  own (``socket_events``: an unread monitor would block ZeroMQ's I/O thread).
 * A socket is used by one thread at a time (ZeroMQ sockets are not thread-safe).
 
-Security: on loopback the sockets are plain TCP. A run whose ``transport.host`` is any other
-address (stages on several nodes) uses CurveZMQ: the launcher writes the run's key pairs under
-``<run_dir>/keys/`` (``create_curve_keys``), every binding socket serves with the server pair and
-admits only clients presenting the run's client key (a ZAP authenticator on its context), and every
-connecting socket presents that client key. Traffic is encrypted; a peer without the keys is refused
-during the handshake and its messages never reach the stage.
+Security: every stage of a run uses CurveZMQ, on loopback too (``curve_keys``): the launcher writes
+the run's key pairs under ``<run_dir>/keys/`` (readable by the run's user only), every binding socket
+serves with the server pair and admits only clients presenting the run's client key (a ZAP
+authenticator on its context), and every connecting socket presents that client key. Traffic is
+encrypted; a peer without the keys is refused during the handshake and its messages never reach the
+stage, so it can neither inject, nor forge numbers, nor push a stage's stream out of a receiver's table.
+A socket built without keys (``keys=None``: tests, the transport benchmark's plain path) is plain TCP.
 """
 
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
 import math
 import os
 import secrets
 import socket
 import time
-import weakref
 from collections.abc import Collection
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Literal, Self
 from urllib.parse import urlsplit
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
+from pipelinerl.platform.curve_keys import (
+    KEYS_DIR,
+    CurveKeys,
+    create_curve_keys,
+    present_client_keys,
+    release_authentication,
+    run_keys,
+    serve_with_keys,
+)
 from pipelinerl.platform.numbering import Gap, Replay, StreamNumbers
+from pipelinerl.platform.socket_events import ConnectionEvents
 from pipelinerl.platform.wire import (
     MAX_STREAM_NAME,
     Envelope,
@@ -72,13 +83,26 @@ from pipelinerl.platform.wire import (
     encode_numbered,
 )
 
+__all__ = [
+    "KEYS_DIR",
+    "CurveKeys",
+    "MessageTooLarge",
+    "MessagesLost",
+    "PortInUseError",
+    "Receiver",
+    "Sender",
+    "check_bindable",
+    "create_curve_keys",
+    "run_keys",
+]
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_HIGH_WATER_MARK = 64  # messages; a few optimizer steps of rollouts, bounded memory per socket
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20  # transport.max_message_mib's default, for sockets built without it
 
 # Set on every bound socket: with a ZAP domain libzmq refuses legacy (ZMTP 1.0) peers, which is what it
-# takes a plain TCP client for. With no ZAP handler in the process (loopback), every ZMTP 3 peer passes.
+# takes a plain TCP client for. A socket without keys has no ZAP handler: every ZMTP 3 peer passes.
 ZAP_DOMAIN = b"pipelinerl"
 
 _SOCKET_TYPES = {"push": zmq.PUSH, "pub": zmq.PUB, "pull": zmq.PULL, "sub": zmq.SUB}
@@ -142,80 +166,6 @@ def check_bindable(address: str, *, setting: str | None = None) -> None:
             raise OSError(error.errno, f"cannot bind {address}: {error.strerror}") from error
 
 
-KEYS_DIR = "keys"
-_SERVER, _CLIENT = "server", "client"
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-@dataclass(frozen=True)
-class CurveKeys:
-    """A run's CurveZMQ keys (Z85): binding sockets serve with the server pair, connecting ones
-    present the client pair; ``allowed_dir`` holds the public keys a server admits."""
-
-    server_public: bytes
-    server_secret: bytes
-    client_public: bytes
-    client_secret: bytes
-    allowed_dir: Path
-
-
-def create_curve_keys(run_dir: Path) -> Path:
-    """Write a new server and client key pair under ``<run_dir>/keys/`` (secrets readable by the
-    owner only) unless they exist; returns the directory."""
-    import zmq.auth
-
-    directory = run_dir / KEYS_DIR
-    if (directory / f"{_CLIENT}.key_secret").exists():
-        return directory
-    (directory / "allowed").mkdir(parents=True, exist_ok=True)
-    for name in (_SERVER, _CLIENT):
-        public_file, secret_file = zmq.auth.create_certificates(directory, name)
-        os.chmod(secret_file, 0o600)
-    (directory / "allowed" / f"{_CLIENT}.key").write_bytes((directory / f"{_CLIENT}.key").read_bytes())
-    return directory
-
-
-def run_keys(host: str, run_dir: Path) -> CurveKeys | None:
-    """The keys a stage of the run uses: None on loopback; else read from ``<run_dir>/keys/``."""
-    import zmq.auth
-
-    if is_loopback(host):
-        return None
-    directory = run_dir / KEYS_DIR
-    try:
-        server_public, server_secret = zmq.auth.load_certificate(directory / f"{_SERVER}.key_secret")
-        client_public, client_secret = zmq.auth.load_certificate(directory / f"{_CLIENT}.key_secret")
-    except (OSError, ValueError) as error:
-        raise ValueError(
-            f"transport.host={host!r} is not loopback, so the sockets need the run's CurveZMQ keys in "
-            f"{directory} (the launcher writes them): {error}"
-        ) from None
-    if server_secret is None or client_secret is None:
-        raise ValueError(f"{directory} lacks a secret key")
-    return CurveKeys(server_public, server_secret, client_public, client_secret, directory / "allowed")
-
-
-_authenticators: weakref.WeakKeyDictionary[zmq.Context, Any] = weakref.WeakKeyDictionary()
-
-
-def _authenticate(context: zmq.Context, keys: CurveKeys) -> None:
-    """Admit only the run's client key on ``context``'s CURVE servers (one ZAP thread per context)."""
-    if context in _authenticators:
-        return
-    from zmq.auth.thread import ThreadAuthenticator
-
-    authenticator = ThreadAuthenticator(context, log=logging.getLogger("pipelinerl.transport.zap"))
-    authenticator.start()
-    authenticator.configure_curve(domain="*", location=str(keys.allowed_dir))
-    _authenticators[context] = authenticator
-
-
 class _Socket:
     """A configured ZeroMQ socket, bound or connected to ``address``."""
 
@@ -245,15 +195,14 @@ class _Socket:
             self.socket.setsockopt(zmq.RCVBUF, kernel_buffer_bytes)
         if bind and keys is None:  # (a CURVE server always consults its ZAP handler)
             self.socket.zap_domain = ZAP_DOMAIN
+        self._serves_keys = keys is not None and bind
         if keys is not None and bind:
-            _authenticate(context, keys)
-            self.socket.curve_server = True
-            self.socket.curve_secretkey = keys.server_secret
-            self.socket.curve_publickey = keys.server_public
+            serve_with_keys(self.socket, keys)
         elif keys is not None:
-            self.socket.curve_serverkey = keys.server_public
-            self.socket.curve_publickey = keys.client_public
-            self.socket.curve_secretkey = keys.client_secret
+            present_client_keys(self.socket, keys)
+        # Refused handshakes and dropped connections, counted from the socket's monitor (``socket_events``);
+        # the receivers watch too for the stage they connect to going away.
+        self._events = ConnectionEvents(self.socket, address) if bind or kind in ("pull", "sub") else None
         self.socket.setsockopt(zmq.SNDHWM, high_water_mark)
         self.socket.setsockopt(zmq.RCVHWM, high_water_mark)
         if kind == "sub":
@@ -265,18 +214,38 @@ class _Socket:
                 self.socket.bind(address)
                 # The endpoint actually bound: differs from ``address`` for a wildcard port (tcp://host:*).
                 self.address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+                if self._events is not None:
+                    self._events.address = self.address
             else:
                 self.socket.connect(address)
                 self.address = address
         except zmq.ZMQError as error:
-            self.socket.close(linger=0)
+            self.close()
             if error.errno == zmq.EADDRINUSE:
                 raise PortInUseError(_port_in_use_message(address, setting)) from error
             raise
 
+    @property
+    def unauthenticated_count(self) -> int:
+        """Peers refused in the handshake so far (no keys, other keys): none of their frames was read."""
+        return 0 if self._events is None else self._events.unauthenticated
+
+    @property
+    def peer_disconnects(self) -> int:
+        """Connections dropped after a handshake that succeeded (an oversized part among the reasons)."""
+        return 0 if self._events is None else self._events.disconnects
+
+    def _close_monitor(self) -> None:
+        if self._events is not None:
+            self._events.stop()
+
     def close(self) -> None:
         """Close the socket at once, dropping unsent messages; closing twice is harmless."""
+        self._close_monitor()
         self.socket.close(linger=0)
+        if self._serves_keys:  # the context's last CURVE server stops its ZAP thread
+            self._serves_keys = False
+            release_authentication(self.socket.context)
 
     def __enter__(self) -> Self:
         return self
@@ -304,6 +273,15 @@ class Sender(_Socket):
     ) -> None:
         if kind not in ("push", "pub"):
             raise ValueError(f"Sender kind must be 'push' or 'pub', got {kind!r}")
+        # Unique to this socket (and so to this incarnation of its stage); ``name`` says whose it is,
+        # and is what a receiver pins (``numbering``).
+        sender = name or kind
+        stream = f"{sender}/{os.getpid()}/{secrets.token_hex(3)}"
+        if "/" in sender or len(stream) > MAX_STREAM_NAME:
+            raise ValueError(
+                f"Sender name {sender!r}: give a name without '/' that keeps its stream name "
+                f"{stream!r} within {MAX_STREAM_NAME} characters"
+            )
         super().__init__(
             context,
             address,
@@ -315,9 +293,8 @@ class Sender(_Socket):
             kernel_buffer_bytes,
             max_message_bytes,
         )
+        self.stream = stream
         self.sent_count = 0
-        # Unique to this socket (and so to this incarnation of its stage); ``name`` says whose it is.
-        self.stream = f"{name or kind}/{os.getpid()}/{secrets.token_hex(3)}"[-MAX_STREAM_NAME:]
 
     def send(self, message: Message, timeout_s: float | None = None) -> bool:
         """Send ``message``; True once ZeroMQ has queued it.
@@ -391,43 +368,20 @@ class Receiver(_Socket):
         )
         self.on_gap = on_gap
         # A PULL sees each stream from its first message; a SUB may join one late (slow joiner).
-        # The run's own senders' streams (``senders``) are tracked for good and their losses counted
-        # apart: a stranger's forged numbers make gaps only in its own streams.
+        # The streams of the run's own senders (sender names ``senders``: every stream named
+        # ``<sender>/...``) are tracked apart from the bounded table and their losses counted apart.
         self.numbers = StreamNumbers(expect_first=kind == "pull", pinned=senders)
         self.lost_count = 0
         self.senders_lost_count = 0
         self.received_count = 0
+        self.senders_received_count = 0
         self.malformed_count = 0
         self.rejected_count = 0
-        self.peer_disconnects = 0
-        # ZeroMQ's only sign of an oversized part is the connection it drops: watch for those.
-        self._monitor: zmq.Socket | None = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 
     def reject(self, what: str, reason: str) -> None:
         """Count and log a message that decoded but that its stage cannot use (impossible values)."""
         self.rejected_count += 1
         logger.warning("rejected %s on %s (%d so far): %s", what, self.address, self.rejected_count, reason)
-
-    def _count_disconnects(self) -> None:
-        if self._monitor is None:
-            return
-        while self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor)
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                self.peer_disconnects += 1
-                logger.warning(
-                    "a peer of %s disconnected (%d so far; an oversized message part also drops its "
-                    "connection)",
-                    self.address,
-                    self.peer_disconnects,
-                )
-
-    def close(self) -> None:
-        if self._monitor is not None:
-            self.socket.disable_monitor()
-            self._monitor.close(linger=0)
-            self._monitor = None
-        super().close()
 
     def recv(self, timeout_s: float | None = None) -> Message | None:
         """The next good message, or None if none came within ``timeout_s`` seconds (None: wait forever).
@@ -436,7 +390,6 @@ class Receiver(_Socket):
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            self._count_disconnects()
             if deadline is None:
                 self.socket.poll(None, zmq.POLLIN)
             else:
@@ -465,11 +418,13 @@ class Receiver(_Socket):
             if isinstance(verdict, Gap):
                 self._lost(verdict)
             self.received_count += 1
+            if self.numbers.is_pinned(envelope.stream):
+                self.senders_received_count += 1
             return message
 
     def _lost(self, gap: Gap) -> None:
         self.lost_count += gap.lost
-        if gap.stream in self.numbers.pinned:
+        if self.numbers.is_pinned(gap.stream):
             self.senders_lost_count += gap.lost
         what = f"on {self.address}: {gap.describe()}"
         if self.on_gap == "fail":

@@ -5,7 +5,8 @@ parameter list) followed by the tensors, broadcast from trainer rank 0 (group ra
 (group ranks 1..N) in buckets (``weight_buckets``): consecutive tensors flattened into one buffer of at
 most the group's bucket size, so neither side holds a second copy of the model. The group is built
 directly from a ``TCPStore`` rather than through ``init_process_group``, because the trainer's default
-group already belongs to DeepSpeed.
+group already belongs to DeepSpeed. The store and gloo's sockets listen on ``transport.host`` only
+(``stores``).
 
 Rank 0 sets the group's terms (backend and bucket size) and publishes them in the store; every member
 reads them there when it joins, so both sides are built the same way from one decision. Backends:
@@ -28,6 +29,7 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
+from pipelinerl.platform.stores import gloo_device, host_store
 from pipelinerl.platform.weight_buckets import plan_buckets
 
 TRAINER_RANK = 0
@@ -89,6 +91,7 @@ class WeightGroup:
         terms: GroupTerms,
         timeout: timedelta,
         device: torch.device,
+        host: str = "127.0.0.1",
     ) -> None:
         if terms.backend in ("nccl", "ipc") and device.type != "cuda":
             raise ValueError(
@@ -108,7 +111,10 @@ class WeightGroup:
             options._timeout = timeout
             self._group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
         else:  # gloo carries the buckets, or (ipc) only the barrier after each handed-over bucket
-            self._group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+            options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+            options._devices = [gloo_device(host)]  # its sockets on the run's host, where this machine has it
+            options._timeout = timeout
+            self._group = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
         self._updates = 0  # updates sent or received so far: names the ipc handles in the store
 
     @classmethod
@@ -129,7 +135,7 @@ class WeightGroup:
         timeout = timedelta(seconds=timeout_s)
         store = _store(host, port, world_size, TRAINER_RANK, timeout)
         store.set(TERMS_KEY, json.dumps({"backend": terms.backend, "bucket_bytes": terms.bucket_bytes}))
-        return cls(store, TRAINER_RANK, world_size, terms, timeout, torch.device(device))
+        return cls(store, TRAINER_RANK, world_size, terms, timeout, torch.device(device), host)
 
     @classmethod
     def join(
@@ -149,7 +155,7 @@ class WeightGroup:
         store = _store(host, port, world_size, rank, timeout)
         published = json.loads(store.get(TERMS_KEY))
         terms = GroupTerms(published["backend"], int(published["bucket_bytes"]))
-        return cls(store, rank, world_size, terms, timeout, torch.device(device))
+        return cls(store, rank, world_size, terms, timeout, torch.device(device), host)
 
     def send(self, tensors: Sequence[torch.Tensor]) -> float:
         """Rank 0: broadcast every tensor, bucket by bucket; returns seconds taken."""
@@ -223,9 +229,8 @@ class WeightGroup:
 
 
 def _store(host: str, port: int, world_size: int, rank: int, timeout: timedelta) -> dist.TCPStore:
-    return dist.TCPStore(
-        host, port, world_size, is_master=rank == TRAINER_RANK, timeout=timeout, wait_for_workers=False
-    )
+    # Rank 0 serves it on transport.host only (``stores``): a TCPStore of its own listens everywhere.
+    return host_store(host, port, world_size, is_master=rank == TRAINER_RANK, timeout=timeout)
 
 
 def saved_tensor_shapes(model_dir: Path) -> dict[str, list[int]]:

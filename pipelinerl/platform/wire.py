@@ -199,13 +199,25 @@ class TrainBatch(WireStruct, tag=True):
     def __post_init__(self) -> None:
         super().__post_init__()
         n_sequences = len(self.sequences)
+        # Each sequence in exactly one non-empty micro-batch: a repeated index would train a sequence
+        # twice in one step, a missing one would count it in the loss's normaliser without training it.
+        seen: set[int] = set()
         for micro_batch in self.micro_batches:
+            if not micro_batch:
+                raise ValueError("TrainBatch.micro_batches holds an empty micro-batch")
             for index in micro_batch:
                 if not 0 <= index < n_sequences:
                     raise ValueError(
                         f"TrainBatch.micro_batches index {index} is outside 0..{n_sequences - 1} "
                         f"({n_sequences} sequences)"
                     )
+                if index in seen:
+                    raise ValueError(f"TrainBatch.micro_batches holds sequence {index} twice")
+                seen.add(index)
+        if len(seen) != n_sequences:
+            raise ValueError(
+                f"TrainBatch.micro_batches leave {n_sequences - len(seen)} of its {n_sequences} sequences out"
+            )
 
 
 class WeightUpdate(WireStruct, tag=True):
@@ -238,16 +250,38 @@ LOGPROB_TOLERANCE: Final = 1e-3
 
 
 def impossible_values(
-    sequence: Rollout | TrainSequence, *, newest_version: int | None = None, vocab_size: int | None = None
+    sequence: Rollout | TrainSequence,
+    *,
+    newest_version: int | None = None,
+    vocab_size: int | None = None,
+    max_completion_tokens: int | None = None,
+    max_sequence_tokens: int | None = None,
 ) -> str | None:
     """Why a well-formed ``sequence`` cannot be trained, or None: what a schema cannot say.
 
-    A token id below 0 or at/above ``vocab_size`` (given), a policy version below 0 or above
-    ``newest_version`` (given: no weights newer than the trainer's can have sampled a token), a
-    behaviour log-prob that is not finite or above 0, a reward or advantage that is not finite. The
+    An empty prompt (the first completion token is predicted from the last prompt token, so a
+    sequence without one has nothing to condition on: it crashed the packer and the loss); a
+    completion longer than ``max_completion_tokens`` (given: ``actor.max_new_tokens``, which no actor
+    exceeds) or a sequence longer than ``max_sequence_tokens`` (given: the model's positions); a token
+    id below 0 or at/above ``vocab_size`` (given); a policy version below 0 or above
+    ``newest_version`` (given: no weights newer than the trainer's can have sampled a token); a
+    behaviour log-prob that is not finite or above 0; a reward or advantage that is not finite. The
     receiving stage checks this at its boundary and rejects (counts) the sequence: such values would
-    otherwise reach the trainer's embedding lookup, its loss and its statistics.
+    otherwise reach the trainer's embedding lookup, its loss and its statistics. An empty completion
+    (an actor that sampled end-of-sequence first, its token not kept) is possible and allowed.
     """
+    n_prompt, n_completion = len(sequence.prompt_token_ids), len(sequence.completion_token_ids)
+    if n_prompt == 0:
+        return "prompt_token_ids is empty: a sequence needs at least one prompt token"
+    if max_completion_tokens is not None and n_completion > max_completion_tokens:
+        return (
+            f"the completion has {n_completion} tokens, more than the {max_completion_tokens} an actor writes"
+        )
+    if max_sequence_tokens is not None and n_prompt + n_completion > max_sequence_tokens:
+        return (
+            f"prompt and completion take {n_prompt} + {n_completion} tokens, more than the model's "
+            f"{max_sequence_tokens} positions"
+        )
     for name in ("prompt_token_ids", "completion_token_ids"):
         ids = getattr(sequence, name)
         if len(ids) and int(ids.min()) < 0:

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pipelinerl.platform.tracking.comparison import DEFAULT_WINDOW, default_target, smoothed_rewards
-from pipelinerl.platform.tracking.store import HEARTBEAT_STALE_S
+from pipelinerl.platform.tracking.liveness import HEARTBEAT_STALE_S
 from pipelinerl.ui.queries import STEP_COLUMNS, StepRow
 from pipelinerl.ui.sampling import keep_indices_of_columns
 

@@ -11,12 +11,15 @@ and says why in ``warnings``; an unreadable database is an error (``PlatformData
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pipelinerl.platform.tracking.db import RUN_STATUSES, PlatformDatabaseError, display_url
+from pipelinerl.platform.tracking.liveness import HEARTBEAT_S
 from pipelinerl.ui.mlflow_reader import MetricPoint, MlflowReader, MlflowUnavailable
 from pipelinerl.ui.queries import (
     NotFound,
@@ -57,6 +60,7 @@ class Dashboard:
         self.mlflow = mlflow
         self.prefect_ui_url = prefect_ui_url.rstrip("/") if prefect_ui_url else None
         self.files = RunFiles()
+        self._crash_check_at = -math.inf  # time.monotonic() of the last check for crashed runs
 
     # -- health and the runs list ---------------------------------------------------------------------
 
@@ -74,8 +78,9 @@ class Dashboard:
             raise NotFound(f"no experiment {run_filter.experiment!r} in the platform database")
         if run_filter.parent_run_id is not None:
             self.database.run(run_filter.parent_run_id)
-        rows = self.database.list_runs(run_filter)
         warnings: list[str] = []
+        self._mark_crashed_runs(warnings)
+        rows = self.database.list_runs(run_filter)
         latest = self._latest_mlflow_metrics(rows, warnings)
         now = datetime.now(UTC)
         return {
@@ -88,6 +93,25 @@ class Dashboard:
             "statuses": list(RUN_STATUSES),
             "warnings": warnings,
         }
+
+    def _mark_crashed_runs(self, warnings: list[str]) -> None:
+        """Runs whose launcher is gone are marked crashed and their stores caught up here as by
+        ``pipelinerl runs list`` (``tracking/catch_up.py``), at most once per heartbeat interval."""
+        if time.monotonic() - self._crash_check_at < HEARTBEAT_S:
+            return
+        self._crash_check_at = time.monotonic()
+        from pipelinerl.platform.tracking.catch_up import mark_crashed_and_catch_up
+        from pipelinerl.platform.tracking.store import PlatformStore
+
+        try:
+            with PlatformStore(self.database.url, migrate=False) as store:
+                uri = None if self.mlflow is None else self.mlflow.tracking_uri
+                for run, caught in mark_crashed_and_catch_up(store, uri):
+                    warnings.append(
+                        f"run {run.id} marked crashed (launcher gone); caught up {caught.describe()}"
+                    )
+        except Exception as error:  # a read-only or unreachable database: the listing still answers
+            warnings.append(f"crashed runs not checked: {str(error)[:200]}")
 
     def run(self, run_id: str) -> dict[str, Any]:
         row = self.database.run(run_id)

@@ -44,6 +44,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -54,6 +55,10 @@ from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
 from pipelinerl.tasks.base import Problem
 from pipelinerl.workers.engines.protocol import CompletedSequence
 from pipelinerl.workers.evaluation import EvalSchedule, eval_group_id
+
+if TYPE_CHECKING:
+    from pipelinerl.platform.curve_keys import CurveKeys
+    from pipelinerl.platform.transport import Sender
 
 logger = logging.getLogger("pipelinerl.actor")
 
@@ -125,13 +130,33 @@ class StopFlag:
         return self._event.is_set()
 
 
+def rollout_sender(context: Any, config: PipelineConfig, actor_id: int, keys: CurveKeys) -> Sender:
+    """The rollout PUSH actor ``actor_id`` connects to the preprocessor: the run's keys, and the sender
+    name (``numbering.actor_sender``) under which the preprocessor pins its streams."""
+    from pipelinerl.platform.numbering import actor_sender
+    from pipelinerl.platform.transport import Sender
+
+    transport = config.transport
+    return Sender(
+        context,
+        transport.address("rollouts"),
+        "push",
+        bind=False,
+        high_water_mark=transport.queue_size,
+        keys=keys,
+        kernel_buffer_bytes=transport.socket_buffer_kib * 1024,
+        max_message_bytes=transport.max_message_bytes,
+        name=actor_sender(actor_id),
+    )
+
+
 class Actor:
     def __init__(self, config: PipelineConfig, run_dir: Path, actor_id: int, model_path: Path) -> None:
         import torch
         import zmq
         from transformers import AutoTokenizer
 
-        from pipelinerl.platform.transport import Receiver, Sender, run_keys
+        from pipelinerl.platform.transport import Receiver, run_keys
         from pipelinerl.tasks import build_task
         from pipelinerl.tasks.prompting import encode_problem, eos_token_ids, prompt_format
 
@@ -195,18 +220,8 @@ class Actor:
             config.actor.max_in_flight,
         )
         self.context = zmq.Context()
-        keys = run_keys(transport.host, run_dir)
-        self.rollouts = Sender(
-            self.context,
-            transport.address("rollouts"),
-            "push",
-            bind=False,
-            high_water_mark=transport.queue_size,
-            keys=keys,
-            kernel_buffer_bytes=transport.socket_buffer_kib * 1024,
-            max_message_bytes=transport.max_message_bytes,
-            name=f"actor{actor_id}",
-        )
+        keys = run_keys(run_dir)  # every run authenticates its peers, on loopback too
+        self.rollouts = rollout_sender(self.context, config, actor_id, keys)
         self.notices = Receiver(
             self.context,
             transport.address("weights"),

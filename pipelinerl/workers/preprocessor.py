@@ -40,7 +40,9 @@ import torch
 
 from pipelinerl.platform.checkpoint import starting_version
 from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.curve_keys import CurveKeys
 from pipelinerl.platform.jsonl import JsonlWriter
+from pipelinerl.platform.numbering import actor_sender
 from pipelinerl.platform.transport import Receiver
 from pipelinerl.platform.wire import (
     Rollout,
@@ -104,6 +106,7 @@ class BatchBuilder:
     run_id: str | None = None  # rollouts of another run are rejected (None: not checked)
     group_size: int | None = None  # train groups of another size are rejected (None: not checked)
     max_incomplete_groups: int | None = None  # past it, the oldest incomplete group is dropped
+    max_completion_tokens: int | None = None  # actor.max_new_tokens: no actor writes a longer completion
     batches_made: int = 0
     rejected: int = 0  # rollouts refused at the boundary: impossible values, duplicates, unknown problems
     evicted: OrderedDict[str, None] = field(default_factory=OrderedDict)  # recently dropped incomplete groups
@@ -120,7 +123,9 @@ class BatchBuilder:
         (``wire.impossible_values``; tokens newer than ``newest_version``, the trainer's latest)."""
         if self.run_id is not None and rollout.run_id != self.run_id:
             return f"run id {rollout.run_id[:64]!r} is not this run's"
-        return impossible_values(rollout, newest_version=newest_version)
+        return impossible_values(
+            rollout, newest_version=newest_version, max_completion_tokens=self.max_completion_tokens
+        )
 
     def add(self, rollout: Rollout, newest_version: int | None = None) -> list[TrainBatch]:
         """Take one rollout; return the batches that became complete (usually none or one).
@@ -365,23 +370,27 @@ def rejection_counts(builder: BatchBuilder, rollouts: Receiver, notices: Receive
         "preprocessor/peer_disconnects": rollouts.peer_disconnects,
         "preprocessor/lost": rollouts.lost_count,
         "preprocessor/lost_from_actors": rollouts.senders_lost_count,
+        # Peers refused in the CurveZMQ handshake (no keys, other keys): none of their frames was read.
+        "preprocessor/unauthenticated": rollouts.unauthenticated_count + notices.unauthenticated_count,
         "samples/dropped_stale": builder.dropped["stale"],
         "samples/dropped_zero_variance": builder.dropped["zero_variance"],
         "samples/dropped_incomplete_group": builder.dropped["incomplete_group"],
     }
 
 
-def run(config: PipelineConfig, run_dir: Path) -> None:
-    import zmq
-
-    from pipelinerl.platform.transport import Receiver, Sender, run_keys
-
-    task = build_task(config.task)
-    problems = {p.problem_id: p for p in task.problems("train", config.task.train_problems, config.run.seed)}
-    evals = None
-    if config.eval.every:
-        evals = EvalScorer(build_eval_sets(config, task), config.eval.samples)
-    builder = BatchBuilder(
+def build_batch_builder(
+    config: PipelineConfig,
+    run_dir: Path,
+    task: Task | None = None,
+    problems: dict[str, Problem] | None = None,
+) -> BatchBuilder:
+    """The run's batch builder, with every limit of its boundary taken from ``config``."""
+    if task is None:
+        task = build_task(config.task)
+    if problems is None:
+        train = task.problems("train", config.task.train_problems, config.run.seed)
+        problems = {problem.problem_id: problem for problem in train}
+    return BatchBuilder(
         task=task,
         problems=problems,
         # With several trainer ranks each step takes one shard of B/ranks sequences from each rank.
@@ -400,11 +409,15 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
         run_id=run_dir.name,
         group_size=config.rl.group_size,
         max_incomplete_groups=incomplete_groups_bound(config),
+        max_completion_tokens=config.actor.max_new_tokens,
     )
-    context = zmq.Context()
+
+
+def rollout_receiver(context: Any, config: PipelineConfig, keys: CurveKeys) -> Receiver:
+    """The rollout PULL the preprocessor binds: the run's keys, and the actors' streams pinned by their
+    sender names (``numbering``), so their losses are ``preprocessor/lost_from_actors``."""
     transport = config.transport
-    keys = run_keys(transport.host, run_dir)
-    rollouts = Receiver(
+    return Receiver(
         context,
         transport.address("rollouts"),
         "pull",
@@ -413,8 +426,25 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
         keys=keys,
         kernel_buffer_bytes=transport.socket_buffer_kib * 1024,
         max_message_bytes=transport.max_message_bytes,
-        senders=[f"actor{actor_id}" for actor_id in range(config.actor.num_actors)],
+        senders=[actor_sender(actor_id) for actor_id in range(config.actor.num_actors)],
     )
+
+
+def run(config: PipelineConfig, run_dir: Path) -> None:
+    import zmq
+
+    from pipelinerl.platform.transport import Receiver, Sender, run_keys
+
+    task = build_task(config.task)
+    problems = {p.problem_id: p for p in task.problems("train", config.task.train_problems, config.run.seed)}
+    evals = None
+    if config.eval.every:
+        evals = EvalScorer(build_eval_sets(config, task), config.eval.samples)
+    builder = build_batch_builder(config, run_dir, task, problems)
+    context = zmq.Context()
+    transport = config.transport
+    keys = run_keys(run_dir)  # every run authenticates its peers, on loopback too
+    rollouts = rollout_receiver(context, config, keys)
     # A small queue towards each trainer rank: when it is busy, rollouts back up to the actors.
     # Shard i of the stream goes to rank i % ranks, so every optimizer step trains B sequences.
     # The preprocessor binds them (every bound socket of a run is on trainer node 0, at
@@ -513,6 +543,8 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
                 {
                     **final,
                     "preprocessor/received": rollouts.received_count,
+                    # Of those, from the actors' own (pinned) streams: 0 would mean pinning missed them.
+                    "preprocessor/received_from_actors": rollouts.senders_received_count,
                     "preprocessor/batches_built": builder.batches_made,
                     "time": time.time(),
                 }

@@ -92,6 +92,20 @@ def enable_activation_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+# Where a model config states how many positions it was built for (Llama/Qwen, GPT-2); a sequence beyond
+# it indexes past a learned position table (a crash) or past the trained rotary range.
+POSITION_LIMIT_KEYS = ("max_position_embeddings", "n_positions")
+
+
+def model_positions(model_config: Any) -> int | None:
+    """The longest sequence ``model_config`` states it takes, or None when it states none."""
+    for key in POSITION_LIMIT_KEYS:
+        value = getattr(model_config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 def _version_span(sequence: Any) -> int:
     """How many policy versions wrote this sequence (2+: it was in flight during an update)."""
     return len(np.unique(np.asarray(sequence.token_versions)))
@@ -162,7 +176,7 @@ class Trainer:
             # One rank has nobody to share memory with: skip compiling DeepSpeed's CPU shared-memory
             # collective op (about a minute of g++ on a fresh machine).
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+        init_distributed(deepspeed, config, rank, "nccl" if device == "cuda" else "gloo")
         self.engine, *_ = deepspeed.initialize(
             model=model,
             model_parameters=model.parameters(),
@@ -182,7 +196,7 @@ class Trainer:
 
         self.zmq_context = zmq.Context()
         transport = config.transport
-        keys = run_keys(transport.host, run_dir)
+        keys = run_keys(run_dir)  # every run authenticates its peers, on loopback too
         # Each rank connects to the inbox the preprocessor binds for it.
         self.batches = Receiver(
             self.zmq_context,
@@ -198,6 +212,8 @@ class Trainer:
         # Sequences refused at this boundary (wire.impossible_values) and other messages than batches.
         self.rejected = 0
         self.vocab_size = int(self.engine.module.get_input_embeddings().num_embeddings)
+        self.max_sequence_tokens = model_positions(self.engine.module.config)
+        self.max_completion_tokens = config.actor.max_new_tokens
         self.notices: Sender | None = None
         self.weight_group: WeightGroup | None = None
         if rank == 0:
@@ -322,7 +338,11 @@ class Trainer:
         kept = []
         for sequence in batch.sequences:
             reason = impossible_values(
-                sequence, newest_version=self.policy_version, vocab_size=self.vocab_size
+                sequence,
+                newest_version=self.policy_version,
+                vocab_size=self.vocab_size,
+                max_completion_tokens=self.max_completion_tokens,
+                max_sequence_tokens=self.max_sequence_tokens,
             )
             if reason is None:
                 kept.append(sequence)
@@ -509,6 +529,30 @@ class Trainer:
         self.batches.close()
         if self.notices is not None:
             self.notices.close()
+
+
+def init_distributed(deepspeed: Any, config: PipelineConfig, rank: int, backend: str) -> None:
+    """The ranks' default process group, then DeepSpeed's communication on it.
+
+    The rendezvous store listens on ``MASTER_ADDR`` (``transport.host``) only, and gloo on its
+    interface (``stores.init_trainer_group``): ``env://`` would have rank 0's store listen on every
+    interface, unauthenticated. DeepSpeed finds the group initialised and uses it. Under torchrun the
+    agent serves the rendezvous (``TORCHELASTIC_USE_AGENT_STORE``): DeepSpeed joins it as before.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        from torch.distributed.constants import default_pg_timeout
+
+        from pipelinerl.platform.stores import init_trainer_group
+
+        init_trainer_group(
+            backend,
+            os.environ.get("MASTER_ADDR", config.transport.host),
+            int(os.environ.get("MASTER_PORT", config.transport.port("trainer_dist"))),
+            rank,
+            config.trainer.num_processes,
+            default_pg_timeout,  # torch's and DeepSpeed's default for a group's collectives
+        )
+    deepspeed.init_distributed(dist_backend=backend)
 
 
 def placed_rank(flag: int | None, environ: Mapping[str, str], num_processes: int) -> int:

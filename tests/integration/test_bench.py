@@ -102,6 +102,22 @@ def test_bench_transport_quick_against_the_engine_record(
                 shape[path], ("rollouts_per_s", "mb_per_s", "one_way_us_p50", "one_way_us_p99")
             )
     assert "headroom_over_actor =" in result.stdout
+    assert record["curve"] is True, "by default both paths use CurveZMQ, as every run does"
+
+
+def test_bench_transport_plain_measures_without_curvezmq(
+    engine_record: tuple[Path, str], tmp_path: Path
+) -> None:
+    engine_json, _ = engine_record
+    out = tmp_path / "transport-plain.json"
+    result = run_bench(
+        "transport", "--quick", "--plain", "--engine-json", str(engine_json), "--out", str(out), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = json.loads(out.read_text())
+    assert record["curve"] is False and record["settings"]["curve"] is False
+    assert any("plain TCP" in note for note in record["notes"])
+    assert_positive_finite(record, ("headroom_over_actor", "transport_rollouts_per_s"))
 
 
 def test_actor_rate_from_a_run_directory(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from pipelinerl.bench.fault_frames import (
 )
 from pipelinerl.launch.launcher import launch
 from pipelinerl.platform.config import load_config
+from pipelinerl.platform.curve_keys import present_client_keys, run_keys
 from pipelinerl.platform.transport import MessageTooLarge, Receiver, Sender
 from pipelinerl.platform.wire import (
     Rollout,
@@ -229,7 +230,8 @@ FLOODED_STEPS = 30
 def test_a_live_run_keeps_running_and_learning_under_a_flood_of_damaged_frames(tmp_path, random_model_dir):
     """10,000 damaged, truncated, garbage and wrong-schema frames, 300 well-formed but impossible or
     never-completing rollouts, 16 with tokens outside the vocabulary and 5 oversized parts, sent to
-    the run's rollout socket (the one a local peer can reach: see docs/reliability.md) while it trains."""
+    the run's rollout socket while it trains, by a peer holding the run's keys (a stranger without
+    them is refused at the handshake: ``test_authenticated_wire.py``)."""
     from pipelinerl.tasks import build_task
     from tests.integration.test_pipeline import check_records_against_token_data
 
@@ -263,6 +265,10 @@ def test_a_live_run_keeps_running_and_learning_under_a_flood_of_damaged_frames(t
         preprocessor = stage_process(run_dir, "pipelinerl.workers.preprocessor")
         assert preprocessor is not None
         rss.append(preprocessor.memory_info().rss)
+        # Every run authenticates its peers, on loopback too: the flood comes from a process holding
+        # the run's keys (keys that leaked), so that it reaches the decoder and the stage's checks.
+        keys = run_keys(run_dir)
+        present_client_keys(stranger, keys)
         stranger.connect(config.transport.address("rollouts"))
         impossible = impossible_rollouts(run_id, problem_ids)
         for _, frames in damaged_frames(FRAMES_PER_SOCKET, seed=7):
@@ -273,6 +279,7 @@ def test_a_live_run_keeps_running_and_learning_under_a_flood_of_damaged_frames(t
                 stranger.send_multipart(numbered(rollout, seq := seq + 1, "impossible"))
         oversized = context.socket(zmq.PUSH)  # its own connection: ZeroMQ drops it, and what it queued
         oversized.setsockopt(zmq.LINGER, 0)
+        present_client_keys(oversized, keys)
         oversized.connect(config.transport.address("rollouts"))
         for _ in range(5):
             oversized.send_multipart([b"x" * (2**20 + 1)])
@@ -300,6 +307,9 @@ def test_a_live_run_keeps_running_and_learning_under_a_flood_of_damaged_frames(t
     assert last["samples/dropped_incomplete_group"] >= len(impossible["never_complete"]) - 32, last
     assert last["preprocessor/peer_disconnects"] >= 1, last
     assert last["preprocessor/lost_from_actors"] == 0, "the actor's rollouts all arrived, in order"
+    final = json.loads((run_dir / "preprocessor.final.json").read_text())
+    # The count above can fail: the actor's streams were pinned (its rollouts were counted as its own).
+    assert final["preprocessor/received_from_actors"] >= FLOODED_STEPS * 16, final
     assert result.records[-1]["trainer/rejected"] == len(impossible["outside_vocabulary"])
     assert max(r["queue/rollouts"] for r in sent) <= 64, "incomplete groups were bounded"
     # memory stayed bounded

@@ -1,5 +1,6 @@
-"""A launcher killed with SIGKILL leaves its run marked running; its heartbeat stops, and the next
-`pipelinerl runs list` marks the run crashed, in the platform database and in MLflow."""
+"""A launcher killed with SIGKILL leaves its run marked running and its stores behind its run directory;
+the next `pipelinerl runs list` sees the launcher gone (on this host, at once), marks the run crashed in
+the platform database and in MLflow, and writes both what the run directory holds and they lack."""
 
 from __future__ import annotations
 
@@ -28,8 +29,20 @@ def _cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.Co
     )
 
 
-def test_a_killed_launcher_s_run_is_marked_crashed_by_runs_list(tmp_path, random_model_dir):
+def _trained(run_dir: Path) -> tuple[list[int], set[str]]:
+    """The versions and rollout ids of the run directory's trainer records (complete lines only)."""
+    from pipelinerl.platform.jsonl import JsonlTail
+
+    records = JsonlTail(run_dir / "metrics.jsonl").read()
+    return [r["policy_version"] for r in records], {rollout for r in records for rollout, _ in r["rollouts"]}
+
+
+def test_a_killed_launcher_s_run_is_marked_crashed_and_caught_up_by_runs_list(tmp_path, random_model_dir):
     from mlflow.tracking import MlflowClient
+
+    from pipelinerl.platform.config import load_config
+    from pipelinerl.platform.tracking.db import database_url
+    from pipelinerl.platform.tracking.store import PlatformStore
 
     home = tmp_path / "home"
     # Its own platform database: the session's is shared with tests that kill launchers of their own.
@@ -44,10 +57,13 @@ def test_a_killed_launcher_s_run_is_marked_crashed_by_runs_list(tmp_path, random
         "rl.batch_size=8",
         "actor.max_in_flight=8",
         "task.eval_problems=8",
+        # The tracker writes every 60 s, so the stores are behind the run directory when it is killed.
+        "tracking.flush_interval_s=60",
         f"transport.base_port={worker_port(27850)}",
     ]
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("MLFLOW_TRACKING_URI", None)
+    url = database_url(load_config(None, [f"run.home={home}", database]))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "pipelinerl.cli", "run", *[f"--set={s}" for s in settings]],
         env=env,
@@ -56,36 +72,48 @@ def test_a_killed_launcher_s_run_is_marked_crashed_by_runs_list(tmp_path, random
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 200
-        metrics: list[Path] = []
-        while time.monotonic() < deadline and not any(m.stat().st_size for m in metrics):
+        deadline = time.monotonic() + 300
+        while True:
             assert launcher.poll() is None, "the run ended before it could be killed"
-            time.sleep(1)
-            metrics = list((tmp_path / "runs").glob("*/metrics.jsonl"))
-        assert metrics, "no step within 200 s"
+            assert time.monotonic() < deadline, "no three steps ahead of the stores within 300 s"
+            run_dirs = [m.parent for m in (tmp_path / "runs").glob("*/metrics.jsonl")]
+            if run_dirs and len(versions := _trained(run_dirs[0])[0]) >= 3:
+                with PlatformStore(url) as store:
+                    if set(versions) - store.recorded_versions(run_dirs[0].name):
+                        break  # the run directory holds versions the database lacks
+            time.sleep(0.5)
         os.killpg(launcher.pid, signal.SIGKILL)  # the launcher and whatever shares its session
         launcher.wait(timeout=30)
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
-    run_id = metrics[0].parent.name
-    from pipelinerl.platform.config import load_config
-    from pipelinerl.platform.tracking.db import database_url
-    from pipelinerl.platform.tracking.store import PlatformStore
-
-    with PlatformStore(database_url(load_config(None, [f"run.home={home}", database]))) as store:
+    run_dir = run_dirs[0]
+    run_id = run_dir.name
+    versions, rollout_ids = _trained(run_dir)  # final: every stage is dead
+    with PlatformStore(url) as store:
         before = store.get_run(run_id).run
+        behind = set(versions) - store.recorded_versions(run_id)
     assert before.status == "running", "a killed launcher cannot mark its run"
-    assert before.heartbeat_at is not None and before.heartbeat_at > before.started_at, "it beat while it ran"
+    assert before.run_dir == str(run_dir.resolve()) and before.launcher["pid"] == launcher.pid
+    assert behind, "the stores were not behind the run directory: nothing to catch up"
     set_home = [f"--set=run.home={home}", f"--set={database}"]
-    time.sleep(3)
-    listed = _cli("runs", "list", "--silent-after", "2", *set_home, env=env)
+    # No wait for a heartbeat to go stale: the launcher was on this host, and its process is gone.
+    listed = _cli("runs", "list", *set_home, env=env)
     assert listed.returncode == 0, listed.stderr
-    assert f"marked 1 run(s) crashed, silent for over 2 s: {run_id}" in listed.stdout, listed.stdout
+    assert f"marked 1 run(s) crashed (launcher gone): {run_id}" in listed.stdout, listed.stdout
+    assert f"caught up {run_id}: wrote {len(behind)} version(s)" in listed.stdout, listed.stdout
+    with PlatformStore(url) as store:
+        assert store.recorded_versions(run_id) == set(versions)
+        assert store.consumed_ids(run_id) == rollout_ids
+        assert {v.version for v in store.get_run(run_id).policy_versions} >= set(versions)
     shown = _cli("runs", "show", run_id, *set_home, env=env)
     assert "crashed" in shown.stdout
-    mlflow_run_id = (metrics[0].parent / "mlflow_run_id").read_text()
+    mlflow_run_id = (run_dir / "mlflow_run_id").read_text()
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     assert client.get_run(mlflow_run_id).info.status == "FAILED"
-    summary = metrics[0].parent / "summary.json"
+    assert {point.step for point in client.get_metric_history(mlflow_run_id, "rl/loss")} == set(versions)
+    summary = run_dir / "summary.json"
     assert not summary.exists() or json.loads(summary.read_text()).get("status") != "finished"
+    # A second listing finds nothing more to do.
+    again = _cli("runs", "list", *set_home, env=env)
+    assert "marked" not in again.stdout and "caught up" not in again.stdout

@@ -65,25 +65,47 @@ def inspect_schema(url: str) -> tuple[set[str], dict[str, set[str]]]:
 def test_upgrade_downgrade_upgrade(url: str) -> None:
     assert current_revision(url) is None
     upgrade(url)
-    assert current_revision(url) == head_revision() == "0002"
+    assert current_revision(url) == head_revision() == "0003"
     tables, indexes = inspect_schema(url)
     assert tables >= PLATFORM_TABLES | {"pipelinerl_alembic_version"}
     for table, expected in INDEXES.items():
         assert indexes[table] >= expected, table
 
     upgrade(url)  # already at head: nothing to do
-    downgrade(url, "0001")  # the heartbeat migration, both ways (SQLite copies the table)
-    assert current_revision(url) == "0001"
+    # Each migration both ways (SQLite copies the table for each).
+    for before, after in (("0002", "0003"), ("0001", "0002")):
+        downgrade(url, before)
+        assert current_revision(url) == before
+        upgrade(url, after)
+        assert current_revision(url) == after
+        downgrade(url, before)
     upgrade(url)
-    assert current_revision(url) == "0002"
+    assert current_revision(url) == "0003"
     downgrade(url, "base")
     assert current_revision(url) is None
     tables, _ = inspect_schema(url)
     assert not tables & PLATFORM_TABLES
 
     upgrade(url)
-    assert current_revision(url) == "0002"
+    assert current_revision(url) == "0003"
     assert inspect_schema(url)[0] >= PLATFORM_TABLES
+
+
+def test_a_run_recorded_before_0003_keeps_its_row_and_gains_empty_launcher_fields(url: str) -> None:
+    upgrade(url, "0002")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql(
+                "INSERT INTO runs (id, name, mode, config, status, started_at) "
+                "VALUES ('old-run', 'n', 'pipeline', '{}', 'running', '2026-11-20 10:00:00')"
+            )
+    finally:
+        engine.dispose()
+    upgrade(url)
+    with PlatformStore(url) as store:
+        row = store.get_run("old-run").run
+    assert row.status == "running" and row.run_dir is None and row.launcher is None
 
 
 def test_models_and_migrations_agree(url: str) -> None:

@@ -146,14 +146,24 @@ def test_two_trainer_ranks_with_zero3(tmp_path, random_model_dir):
 
 
 def test_malformed_frames_are_rejected_and_the_run_continues(tmp_path, random_model_dir):
+    """On loopback a stranger without the run's keys is refused in the handshake; a peer holding them
+    (keys that leaked) reaches the decoder, which skips its garbage while the run goes on."""
+    from pipelinerl.platform.curve_keys import KEYS_DIR, run_keys
+
     config = small_config(tmp_path, random_model_dir, "run.mode=pipeline", "run.max_steps=5")
     outcome: dict = {}
     thread = threading.Thread(target=lambda: outcome.update(result=launch(config, run_id="garbage")))
     thread.start()
     try:
-        # The stranger's handshake succeeds once the preprocessor has bound its port: the garbage
-        # is then in its inbox before the run can have trained its five steps.
-        rollouts = send_as_stranger(config.transport.address("rollouts"), GARBAGE, handshake_timeout_s=180)
+        # Its handshake has an outcome once the preprocessor has bound its port.
+        stranger = send_as_stranger(config.transport.address("rollouts"), GARBAGE, handshake_timeout_s=180)
+        assert stranger.handshake == "refused", stranger
+        # The launcher wrote the keys before any stage started; the preprocessor is up by now, so the
+        # garbage is in its inbox before the run can have trained its five steps.
+        keys_dir = tmp_path / "garbage" / KEYS_DIR
+        assert (keys_dir / "client.key_secret").exists()
+        address, keys = config.transport.address("rollouts"), run_keys(keys_dir.parent)
+        rollouts = send_as_stranger(address, GARBAGE, handshake_timeout_s=180, keys=keys)
         assert (rollouts.handshake, rollouts.sent) == ("accepted", len(GARBAGE)), rollouts
         # The trainer's inbox is a PUSH the preprocessor binds: ZeroMQ refuses a stranger's PUSH in
         # the handshake (the socket types do not pair), so nothing reaches the trainer that way.
@@ -167,6 +177,8 @@ def test_malformed_frames_are_rejected_and_the_run_continues(tmp_path, random_mo
     logs = result.run_dir / "logs"
     assert "skipped a malformed message" in (logs / "preprocessor.log").read_text()
     assert "skipped a malformed message" not in (logs / "trainer0.log").read_text()
+    final = json.loads((result.run_dir / "preprocessor.final.json").read_text())
+    assert final["preprocessor/unauthenticated"] >= 1 and final["preprocessor/malformed"] >= 1, final
 
 
 def test_a_run_beyond_loopback_is_encrypted_and_refuses_strangers(tmp_path, random_model_dir):
@@ -207,14 +219,17 @@ def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random
     from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
 
     config = small_config(tmp_path, random_model_dir, "run.mode=pipeline")
+    from pipelinerl.platform.curve_keys import create_curve_keys, run_keys
+
     preflight(config)
     run_dir = tmp_path / "actor-alone"
     run_dir.mkdir()
     (run_dir / "config.json").write_text(config.model_dump_json())
+    keys = run_keys(create_curve_keys(run_dir).parent)  # as the launcher does: the actor needs them
     actor = next(s for s in build_stages(config, run_dir, random_model_dir) if s.name == "actor0")
     context = zmq.Context()
-    notices = Sender(context, config.transport.address("weights"), "pub", bind=True)
-    rollouts = Receiver(context, config.transport.address("rollouts"), "pull", bind=True)
+    notices = Sender(context, config.transport.address("weights"), "pub", bind=True, keys=keys)
+    rollouts = Receiver(context, config.transport.address("rollouts"), "pull", bind=True, keys=keys)
     actor.start(cwd=Path.cwd())
     try:
         group = WeightGroup.lead(config.transport.host, config.transport.port("weight_group"), 2)
@@ -267,6 +282,7 @@ def test_actor_logits_equal_trainer_logits_after_updates(tmp_path, warm_model_di
 
     from pipelinerl.launch.launcher import preflight
     from pipelinerl.launch.stages import build_stages, stop_stages
+    from pipelinerl.platform.curve_keys import create_curve_keys
     from pipelinerl.workers.actor import Actor
 
     config = small_config(tmp_path, warm_model_dir, "run.mode=pipeline", "run.max_steps=3")
@@ -274,6 +290,7 @@ def test_actor_logits_equal_trainer_logits_after_updates(tmp_path, warm_model_di
     run_dir = tmp_path / "in-process-actor"
     run_dir.mkdir()
     (run_dir / "config.json").write_text(config.model_dump_json())
+    create_curve_keys(run_dir)  # as the launcher does: every stage authenticates its peers
     stages = [s for s in build_stages(config, run_dir, warm_model_dir) if not s.name.startswith("actor")]
     try:
         for stage in stages:

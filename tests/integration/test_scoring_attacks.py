@@ -6,9 +6,7 @@ Each earns reward 0 (``unparsable``), changes nothing outside, and leaves later 
 
 from __future__ import annotations
 
-import shutil
 import socket
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pytest
 from pipelinerl.tasks import reasoning_gym_task
 from pipelinerl.tasks.base import Problem, Score
 from pipelinerl.tasks.reasoning_gym_task import ReasoningGymTask
+from tests.side_effects import connections
 
 # reasoning-gym 0.1.25's generators whose score_answer hands the answer to eval or sympy.
 EVALUATING = [
@@ -49,35 +48,6 @@ def problem(task: ReasoningGymTask) -> Problem:
     return task.problems("train", 1, seed=0)[0]
 
 
-@pytest.fixture
-def drop() -> Iterator[Path]:
-    """A directory anyone may write to, so only the sandbox (not its permissions) can keep it empty."""
-    directory = Path(tempfile.mkdtemp(prefix="pipelinerl-drop-"))
-    directory.chmod(0o1777)
-    yield directory
-    shutil.rmtree(directory)
-
-
-@pytest.fixture
-def listener() -> Iterator[socket.socket]:
-    """A listening TCP socket on loopback that must receive no connection."""
-    server = socket.create_server(("127.0.0.1", 0))
-    server.setblocking(False)
-    yield server
-    server.close()
-
-
-def _connections(server: socket.socket) -> int:
-    count = 0
-    while True:
-        try:
-            connection, _ = server.accept()
-        except BlockingIOError:
-            return count
-        connection.close()
-        count += 1
-
-
 def test_code_in_an_answer_runs_nowhere(
     task: ReasoningGymTask, problem: Problem, drop: Path, listener: socket.socket
 ) -> None:
@@ -92,7 +62,7 @@ def test_code_in_an_answer_runs_nowhere(
     ]
     scores = [task.score(problem, f"<answer>{attack}</answer>") for attack in attacks]
     assert list(drop.iterdir()) == []
-    assert _connections(listener) == 0
+    assert connections(listener) == 0
     assert scores == [UNPARSABLE] * len(attacks)
     assert task.refusals["grammar"] >= len(attacks)  # refused before any scorer saw them
 

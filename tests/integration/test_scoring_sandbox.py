@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import signal
 import socket
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 import pytest
 
 from pipelinerl.tasks.sandbox import MAX_REPLY_BYTES, Handler, Outcome, Sandbox
+from tests.side_effects import connections
 
 # The supervisor imports it from the repository root (pytest may know this module by its base name).
 SETUP = "tests.integration.test_scoring_sandbox:evaluating_scorer"
@@ -39,34 +38,6 @@ def sandbox() -> Iterator[Sandbox]:
     sandbox = Sandbox(SETUP, None, name="test")
     yield sandbox
     sandbox.close()
-
-
-@pytest.fixture
-def drop() -> Iterator[Path]:
-    """A directory anyone may write to, so only the read-only mounts can keep it empty."""
-    directory = Path(tempfile.mkdtemp(prefix="pipelinerl-drop-"))
-    directory.chmod(0o1777)
-    yield directory
-    shutil.rmtree(directory)
-
-
-@pytest.fixture
-def listener() -> Iterator[socket.socket]:
-    server = socket.create_server(("127.0.0.1", 0))
-    server.setblocking(False)
-    yield server
-    server.close()
-
-
-def _connections(server: socket.socket) -> int:
-    count = 0
-    while True:
-        try:
-            connection, _ = server.accept()
-        except BlockingIOError:
-            return count
-        connection.close()
-        count += 1
 
 
 def _run(code: str) -> str:
@@ -120,7 +91,7 @@ def test_code_cannot_write_connect_run_programs_or_signal(
     }
     outcomes = {name: sandbox.call(code, 5.0) for name, code in attempts.items()}
     assert list(drop.iterdir()) == []
-    assert _connections(listener) == 0
+    assert connections(listener) == 0
     failed = {name for name, outcome in outcomes.items() if outcome.status == "error"}
     # os.system reports the shell it could not start as exit status 127 instead of raising.
     assert failed == set(attempts) - {"shell"} and outcomes["shell"] == Outcome("ok", 127 << 8)
@@ -150,7 +121,7 @@ def test_a_partial_reply_then_a_sleep_ends_at_the_deadline(sandbox: Sandbox) -> 
         "import os, time\n"
         "for fd in range(3, 64):\n"
         "    try:\n"
-        "        os.write(fd, b'{\"status\": \"ok\"')\n"
+        '        os.write(fd, b\'{"status": "ok"\')\n'
         "    except OSError:\n"
         "        pass\n"
         "time.sleep(600)\n"
@@ -243,4 +214,4 @@ def test_the_unprivileged_path_still_has_no_network_or_writable_files(
     assert isolation is not None and isolation.user == "unchanged"
     assert isolation.network and isolation.filesystem and not isolation.complete
     assert write.status == connect.status == "error"
-    assert list(drop.iterdir()) == [] and _connections(listener) == 0
+    assert list(drop.iterdir()) == [] and connections(listener) == 0

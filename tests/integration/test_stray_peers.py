@@ -183,7 +183,10 @@ def test_a_live_run_hammered_on_every_port_it_binds_loses_nothing_and_finishes(t
     for log in ("preprocessor.log", "trainer0.log", "actor0.log"):
         assert "Traceback" not in (run_dir / "logs" / log).read_text(), log
     last = json.loads((run_dir / "preprocessor.jsonl").read_text().splitlines()[-1])
-    assert last["preprocessor/lost"] == 0, last
+    assert last["preprocessor/lost"] == last["preprocessor/lost_from_actors"] == 0, last
+    # The zero above can fail: every rollout received was counted as the actor's (its stream pinned).
+    final = json.loads((run_dir / "preprocessor.final.json").read_text())
+    assert final["preprocessor/received_from_actors"] == final["preprocessor/received"] >= 8 * 16, final
     assert sum(h.connections for h in hammers) > 100, [h.connections for h in hammers]
     trained = [rollout_id for record in result.records for rollout_id, _ in record["rollouts"]]
     assert len(trained) == 8 * 16 and len(set(trained)) == len(trained)

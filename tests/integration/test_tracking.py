@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -329,3 +330,48 @@ def test_a_tracking_server_that_goes_away_mid_run(tmp_path, random_model_dir, ca
         assert run.info.status == "FINISHED"
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "rl/ess")]
         assert steps == list(range(1, 11)), "every step reached MLflow exactly once"
+
+
+def test_a_run_whose_launcher_died_is_marked_crashed_and_caught_up_by_the_dashboard(tracked, tmp_path):
+    """The stores hold one version of a run whose directory holds all; its launcher's process is gone.
+    The dashboard's next runs listing marks it crashed, writes the rest and ends its MLflow run."""
+    from pipelinerl.platform.jsonl import JsonlTail
+    from pipelinerl.platform.tracking.liveness import start_ticks, this_process
+    from pipelinerl.platform.tracking.mlflow_store import MlflowStore, mlflow_uri
+    from pipelinerl.platform.tracking.store import PlatformStore
+    from pipelinerl.ui.mlflow_reader import MlflowReader
+    from pipelinerl.ui.queries import PlatformReader, RunFilter
+    from pipelinerl.ui.service import Dashboard
+
+    config, result, client, _, _ = tracked
+    database = f"sqlite:///{tmp_path / 'platform.db'}"
+    records = JsonlTail(result.run_dir / "metrics.jsonl").read()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    launcher = {**this_process(), "pid": dead.pid, "start_ticks": start_ticks(dead.pid)}
+    dead.wait()
+    mlflow = MlflowStore(mlflow_uri(config))
+    mlflow_run_id = mlflow.start_run("catch-up-test", "died", {})
+    with PlatformStore(database) as store:
+        store.create_run(
+            "died",
+            name="catch-up-test",
+            mode="pipeline",
+            config=config.model_dump(mode="json"),
+            started_at=datetime.now(UTC),
+            mlflow_run_id=mlflow_run_id,
+            run_dir=str(result.run_dir),
+            launcher=launcher,
+        )
+        first = records[0]
+        store.record_step("died", first["policy_version"], first, first["lag/histogram"])
+    dashboard = Dashboard(PlatformReader(database), MlflowReader(mlflow_uri(config), None), None)
+    listed = dashboard.runs(RunFilter())
+    [row] = listed["runs"]
+    assert row["status"] == "crashed"
+    assert any("run died marked crashed" in warning for warning in listed["warnings"]), listed["warnings"]
+    with PlatformStore(database) as store:
+        assert store.recorded_versions("died") == {r["policy_version"] for r in records}
+        assert store.consumed_ids("died") == {rollout for r in records[1:] for rollout, _ in r["rollouts"]}
+    steps = {point.step for point in client.get_metric_history(mlflow_run_id, "rl/loss")}
+    assert steps == {r["policy_version"] for r in records[1:]}
+    assert client.get_run(mlflow_run_id).info.status == "FAILED"

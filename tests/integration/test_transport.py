@@ -296,24 +296,30 @@ def test_close_is_idempotent(context: zmq.Context) -> None:
     assert sender.socket.closed
 
 
-# --- CurveZMQ: what a run whose transport.host is not loopback uses ---
+# --- CurveZMQ: what every run uses, on loopback too ---
 
 
 def test_curve_keys_are_written_once_with_private_secrets(tmp_path) -> None:
+    import os
     import stat
 
     directory = create_curve_keys(tmp_path)
     secret = directory / "client.key_secret"
-    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
-    assert stat.S_IMODE((directory / "server.key_secret").stat().st_mode) == 0o600
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert stat.S_IMODE((directory / "allowed").stat().st_mode) == 0o700
+    for path in [*directory.iterdir(), *(directory / "allowed").iterdir()]:
+        if path.is_file():
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     before = secret.read_bytes()
     create_curve_keys(tmp_path)
     assert secret.read_bytes() == before, "a restart keeps the run's keys"
-    assert run_keys("127.0.0.1", tmp_path) is None, "loopback stays plain TCP"
-    keys = run_keys("10.0.0.5", tmp_path)
-    assert keys is not None and keys.server_public != keys.client_public
-    with pytest.raises(ValueError, match="not loopback.*CurveZMQ keys"):
-        run_keys("10.0.0.5", tmp_path / "elsewhere")
+    keys = run_keys(tmp_path)
+    assert keys.server_public != keys.client_public
+    with pytest.raises(ValueError, match="need its CurveZMQ keys in .*elsewhere"):
+        run_keys(tmp_path / "elsewhere")
+    os.chmod(secret, 0o644)
+    with pytest.raises(ValueError, match="mode 644: other users could read"):
+        run_keys(tmp_path)
 
 
 @pytest.mark.parametrize("kind", ["push-pull", "pub-sub"])
@@ -321,7 +327,7 @@ def test_curve_round_trip_on_a_non_loopback_address(context: zmq.Context, tmp_pa
     host = non_loopback_ipv4()
     if host is None:
         pytest.skip("this machine has no non-loopback IPv4 address")
-    keys = run_keys(host, create_curve_keys(tmp_path).parent)
+    keys = run_keys(create_curve_keys(tmp_path).parent)
     if kind == "push-pull":
         server = Receiver(context, f"tcp://{host}:*", "pull", bind=True, keys=keys)
         client = Sender(context, server.address, "push", bind=False, keys=keys)
@@ -340,9 +346,8 @@ def test_curve_round_trip_on_a_non_loopback_address(context: zmq.Context, tmp_pa
 
 
 def test_a_peer_without_the_run_keys_is_refused(context: zmq.Context, tmp_path) -> None:
-    keys = run_keys("10.0.0.5", create_curve_keys(tmp_path / "run").parent)
-    strangers = run_keys("10.0.0.5", create_curve_keys(tmp_path / "other").parent)
-    assert keys is not None and strangers is not None
+    keys = run_keys(create_curve_keys(tmp_path / "run").parent)
+    strangers = run_keys(create_curve_keys(tmp_path / "other").parent)
     # The stranger knows the server's public key (it is not secret) but has its own client key.
     impostor = type(keys)(
         keys.server_public,
@@ -365,6 +370,9 @@ def test_a_peer_without_the_run_keys_is_refused(context: zmq.Context, tmp_path) 
             assert receiver.recv(timeout_s=1.5) is None, "nothing from a peer without the run's keys"
         plain.close()
         assert receiver.malformed_count == 0
+        # Both refusals are counted where they happened: the keyless peer's and the impostor's.
+        assert receiver.unauthenticated_count >= 2, receiver.unauthenticated_count
+        assert receiver.peer_disconnects == 0, "a refused handshake is not also a dropped connection"
         with Sender(context, receiver.address, "push", bind=False, keys=keys) as member:
             assert member.send(make_rollout(3), timeout_s=5)
             received = receiver.recv(timeout_s=5)

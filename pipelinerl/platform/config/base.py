@@ -15,7 +15,9 @@ class ConfigError(ValueError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # allow_inf_nan=False: every float setting must be a finite number. An infinite one (``rl.is_cap=inf``)
+    # was accepted, written to config.json as null (JSON has no infinity) and killed every stage at start.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 def requires_when(*rules: tuple[str, dict[str, Any], str, Any]) -> dict[str, Any]:

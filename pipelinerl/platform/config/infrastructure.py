@@ -102,10 +102,10 @@ class ClusterConfig(Section):
 class TransportConfig(Section):
     host: str = Field(
         "127.0.0.1",
-        description="Address of trainer node 0, where the run's sockets are bound and every other stage "
-        "connects. Loopback: plain TCP on one machine. Any other address: ZeroMQ traffic is encrypted and "
-        "authenticated with the run's CurveZMQ keys; the weight group and DeepSpeed's own traffic are not, "
-        "so keep them on a private cluster network.",
+        description="Address of trainer node 0, where the run's sockets and stores are bound (on it only) "
+        "and every other stage connects. ZeroMQ traffic is always encrypted and authenticated with the "
+        "run's CurveZMQ keys, on loopback too; the weight group and DeepSpeed's own traffic are not, so "
+        "beyond loopback keep them on a private cluster network.",
     )
     base_port: int = Field(
         21100,

@@ -152,6 +152,12 @@ class Run(Base):
         ForeignKey("runs.id", ondelete="SET NULL"), doc="the comparison or sweep this run belongs to"
     )
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSONDocument, doc="summary.json of the run")
+    run_dir: Mapped[str | None] = mapped_column(
+        String(1024), doc="the run directory, absolute, as its launcher saw it (shared storage for pools)"
+    )
+    launcher: Mapped[dict[str, Any] | None] = mapped_column(
+        JSONDocument, doc="the launcher process: host, boot id, pid and start time (tracking/liveness.py)"
+    )
 
 
 class PolicyVersion(Base):

@@ -25,6 +25,8 @@ from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
+from pipelinerl.platform.tracking.liveness import HEARTBEAT_STALE_S
+
 if TYPE_CHECKING:
     from pipelinerl.platform.tracking.store import PlatformStore
 
@@ -166,30 +168,34 @@ def runs_list(
         typer.Option(
             "--silent-after",
             min=1.0,
-            help="Seconds without a heartbeat after which a running run counts as crashed.",
+            help="Seconds without a heartbeat after which a running run whose launcher is on another host "
+            "counts as crashed (a launcher on this host is checked directly).",
         ),
-    ] = 120.0,
+    ] = HEARTBEAT_STALE_S,
     url: UrlOption = None,
     config: ConfigOption = None,
     set_: SetOption = None,
 ) -> None:
     """The most recent runs: status, duration, steps, final held-out success, MLflow run id.
 
-    A run still marked running whose launcher stopped sending heartbeats (killed, its machine lost) is
-    marked crashed first, here and in MLflow."""
+    A run still marked running whose launcher is gone (its process, on this host; else its heartbeat
+    silent) is marked crashed first, here and in MLflow, and both get what its run directory holds and
+    they lack."""
     with _store(_url(url, config, set_)) as store:
-        from pipelinerl.platform.tracking.db import utcnow
+        from pipelinerl.platform.tracking.catch_up import mark_crashed_and_catch_up
 
-        crashed = store.mark_silent_runs_crashed(utcnow(), silent_after)
+        uri = _mlflow_uri(config, set_)
+        crashed = mark_crashed_and_catch_up(store, uri, silent_after)
+        if crashed:
+            console.print(
+                f"marked {len(crashed)} run(s) crashed (launcher gone): "
+                + ", ".join(run.id for run, _ in crashed),
+                highlight=False,
+                soft_wrap=True,
+            )
+            for _, caught in crashed:
+                console.print(f"caught up {caught.describe()}", highlight=False, soft_wrap=True)
         runs = store.list_runs(limit)
-    if crashed:
-        _end_in_mlflow(crashed, config, set_)
-        console.print(
-            f"marked {len(crashed)} run(s) crashed, silent for over {silent_after:g} s: "
-            + ", ".join(run.id for run in crashed),
-            highlight=False,
-            soft_wrap=True,
-        )
     if not runs:
         console.print("no runs recorded yet (pipelinerl run records each run here)")
         return
@@ -218,22 +224,16 @@ def runs_list(
     _print_whole_rows(table)
 
 
-def _end_in_mlflow(runs: list[Any], config_path: Path | None, overrides: list[str] | None) -> None:
-    """End crashed runs' MLflow runs as FAILED where MLflow still shows them running (best effort: an
-    unreachable store is named and left as it is)."""
+def _mlflow_uri(config_path: Path | None, overrides: list[str] | None) -> str | None:
+    """The MLflow store of the CLI's configuration; None (said) when the configuration does not load."""
     from pipelinerl.platform.config import load_config
     from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
 
     try:
-        uri = mlflow_uri(load_config(config_path, overrides or []))
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(tracking_uri=uri)
-        for run in runs:
-            if run.mlflow_run_id and client.get_run(run.mlflow_run_id).info.status == "RUNNING":
-                client.set_terminated(run.mlflow_run_id, "FAILED")
-    except Exception as error:  # a bad config (ConfigError) or MLflow's errors, which are of many types
-        console.print(f"[yellow]note:[/yellow] MLflow runs not ended: {escape(str(error))[:200]}")
+        return mlflow_uri(load_config(config_path, overrides or []))
+    except ValueError as error:  # ConfigError
+        console.print(f"[yellow]note:[/yellow] MLflow not written: {escape(str(error))[:200]}")
+        return None
 
 
 @runs_app.command("show")

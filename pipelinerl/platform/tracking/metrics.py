@@ -43,6 +43,7 @@ METRICS = (
     "preprocessor/peer_disconnects",
     "preprocessor/lost",
     "preprocessor/lost_from_actors",
+    "preprocessor/unauthenticated",
     "actor/notices_lost",
 )
 _TRAINER_KEYS = (
@@ -79,6 +80,7 @@ _PREPROCESSOR_COUNTS = (
     "preprocessor/peer_disconnects",
     "preprocessor/lost",
     "preprocessor/lost_from_actors",
+    "preprocessor/unauthenticated",
 )
 
 

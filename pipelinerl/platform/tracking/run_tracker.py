@@ -32,6 +32,7 @@ from typing import Any
 
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.restart_records import Discarded
+from pipelinerl.platform.tracking.liveness import HEARTBEAT_S, this_process
 from pipelinerl.platform.tracking.metrics import (
     actor_metrics,
     eval_metrics,
@@ -49,7 +50,6 @@ from pipelinerl.platform.tracking.mlflow_store import (
     param_items,
     run_tags,
 )
-from pipelinerl.platform.tracking.store import HEARTBEAT_S
 
 logger = logging.getLogger("pipelinerl.tracking")
 
@@ -104,9 +104,11 @@ class RunTracker:
         parent_mlflow_run_id: str | None = None,
         parent_run_id: str | None = None,
         prefect_flow_run_id: str | None = None,
+        run_dir: Path | None = None,
     ) -> None:
         self.config = config
         self.run_id = run_id
+        self.run_dir = run_dir
         self.parent_run_id = parent_run_id
         self.parent_mlflow_run_id = parent_mlflow_run_id
         self.prefect_flow_run_id = prefect_flow_run_id
@@ -157,10 +159,40 @@ class RunTracker:
             mlflow_run_id=self.mlflow_run_id,
             prefect_flow_run_id=self.prefect_flow_run_id,
             parent_run_id=self.parent_run_id,
+            run_dir=None if self.run_dir is None else str(self.run_dir.resolve()),
+            launcher=this_process(),
         )
         self._thread = threading.Thread(target=self._loop, name="tracking", daemon=True)
         self._thread.start()
+        # Its own thread: a flush held up by a slow or unreachable store must not silence the beats.
+        self._beats = threading.Thread(target=self._beat_loop, name="tracking-heartbeat", daemon=True)
+        self._beats.start()
         return self.mlflow_run_id
+
+    @classmethod
+    def attach(
+        cls,
+        config: PipelineConfig,
+        run_id: str,
+        store: Any,
+        mlflow: MlflowStore | None,
+        mlflow_run_id: str | None,
+    ) -> RunTracker:
+        """A tracker over a run both stores already hold, whose records are written by ``write``
+        (no thread, no heartbeat): how the stores catch up with a run whose launcher died
+        (``catch_up.py``). Without ``mlflow`` only the platform database is written."""
+        tracker = cls(config, run_id)
+        tracker.store, tracker.mlflow, tracker.mlflow_run_id = store, mlflow, mlflow_run_id
+        return tracker
+
+    def write(self, records: Sequence[tuple[str, dict[str, Any]]]) -> bool:
+        """Turn ``(kind, record)`` pairs (kinds: trainer, actor, preprocessor, eval_round) into rows
+        and points exactly as a live run does, and write them now; True once every store took them."""
+        for kind, record in records:
+            self._process(kind, record)
+        if self.mlflow is None:
+            self._points.clear()
+        return self._flush()
 
     def finish(self, status: str, summary: dict[str, Any] | None = None) -> None:
         """Flush everything, log the final figures and summary, and close the run as ``status``.
@@ -237,17 +269,17 @@ class RunTracker:
     # (the run goes on) and the next flush retries, in order; nothing is written twice.
 
     def _loop(self) -> None:
-        last_beat = time.monotonic()
         while not self._stop.wait(self.config.tracking.flush_interval_s):
-            if time.monotonic() - last_beat >= HEARTBEAT_S:
-                last_beat = time.monotonic()
-                self._beat()
             self._flush()
             every = self.config.tracking.figures_every
             newest = self.seen.trainer_records[-1]["policy_version"] if self.seen.trainer_records else 0
             if every and newest - self._last_figures_version >= every:
                 self._last_figures_version = newest
                 self._writes.append(self._log_figures)
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            self._beat()
 
     def _beat(self) -> None:
         """The run's heartbeat in the platform database (HEARTBEAT_S); a database that is down misses
@@ -275,8 +307,8 @@ class RunTracker:
             while self._writes:
                 self._writes[0]()
                 self._writes.pop(0)
-            assert self.mlflow is not None and self.mlflow_run_id is not None
-            self.mlflow.log_metrics(self.mlflow_run_id, self._points)
+            if self.mlflow is not None and self.mlflow_run_id is not None:
+                self.mlflow.log_metrics(self.mlflow_run_id, self._points)
             self._points.clear()
         except Exception as error:  # tracking must not take the run down: keep the outbox, say so
             self.failures += 1
@@ -318,9 +350,9 @@ class RunTracker:
         elif kind == "restart":
             self._restart(*payload)
         elif kind == "checkpoint":
-            assert self.mlflow is not None and self.mlflow_run_id is not None
             mlflow, run_id, name = self.mlflow, self.mlflow_run_id, self.config.run.name
-            self._writes.append(lambda: mlflow.log_checkpoint(run_id, name, payload))
+            if mlflow is not None and run_id is not None:
+                self._writes.append(lambda: mlflow.log_checkpoint(run_id, name, payload))
             self._policy_version(payload.policy_version, checkpoint_path=payload.path)
 
     def _trainer_record(self, record: dict[str, Any]) -> None:
@@ -351,6 +383,10 @@ class RunTracker:
             MetricPoint(key, value, version, float(record["time"]))
             for key, value in trainer_metrics(record).items()
         )
+        if "checkpoint" in record:
+            self._process(
+                "checkpoint", CheckpointRecord(version, int(record["samples/trained"]), record["checkpoint"])
+            )
 
     def _restart(self, restarts: int, discarded: Discarded) -> None:
         """Cut the run's records back to the checkpoint resumed from: the database forgets the

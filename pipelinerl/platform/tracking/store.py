@@ -12,7 +12,7 @@ ones it already held (the trainer must not train those again).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -34,12 +34,9 @@ from pipelinerl.platform.tracking.db import (
     upgrade,
     utcnow,
 )
+from pipelinerl.platform.tracking.liveness import HEARTBEAT_STALE_S, Liveness
 
 FINISHED_STATUSES = tuple(status for status in RUN_STATUSES if status != "running")
-# A running run's launcher writes its heartbeat every HEARTBEAT_S; one silent for HEARTBEAT_STALE_S
-# (a kill -9, a lost node, a machine that slept) is marked crashed by whoever lists the runs.
-HEARTBEAT_S = 10.0
-HEARTBEAT_STALE_S = 120.0
 # Rows per INSERT statement: far below SQLite's 32,766 and PostgreSQL's 65,535 bound parameters.
 INSERT_CHUNK_ROWS = 1000
 # Most candidates an ambiguous run-id prefix names in its error.
@@ -78,6 +75,8 @@ class RunRow:
     summary: dict[str, Any] | None
     steps: int
     heartbeat_at: datetime | None = None  # the launcher's latest sign of life (running runs)
+    run_dir: str | None = None  # the run directory, absolute (None: recorded before it was kept)
+    launcher: dict[str, Any] | None = None  # the launcher process (tracking/liveness.py)
 
     @property
     def duration_s(self) -> float:
@@ -127,9 +126,13 @@ class RunDetail:
 class PlatformStore:
     """Typed access to the platform database at ``url``; the schema is upgraded to head on construction."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, migrate: bool = True) -> None:
+        """``migrate=False``: use the schema as it is (a reader that writes little, such as the
+        dashboard, must not run Alembic in a process where another library may be migrating: Alembic's
+        ``context`` is one per process, and MLflow migrates its own store with it)."""
         self.url = url
-        upgrade(url)
+        if migrate:
+            upgrade(url)
         self._engine = make_engine(url)
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
 
@@ -154,8 +157,11 @@ class PlatformStore:
         mlflow_run_id: str | None = None,
         prefect_flow_run_id: str | None = None,
         parent_run_id: str | None = None,
+        run_dir: str | None = None,
+        launcher: Mapping[str, Any] | None = None,
     ) -> None:
-        """Record a new run with status ``running``; its id must be new, its parent (if any) known."""
+        """Record a new run with status ``running``; its id must be new, its parent (if any) known.
+        ``run_dir`` and ``launcher`` (``liveness.this_process()``) let a crash be seen and caught up."""
         with self._transaction() as session:
             if session.get(Run, run_id) is not None:
                 raise ValueError(f"run {run_id!r} already exists in the platform database")
@@ -177,6 +183,8 @@ class PlatformStore:
                     prefect_flow_run_id=prefect_flow_run_id,
                     parent_run_id=parent_run_id,
                     summary=None,
+                    run_dir=run_dir,
+                    launcher=None if launcher is None else dict(launcher),
                 )
             )
 
@@ -201,16 +209,26 @@ class PlatformStore:
             )
 
     def mark_silent_runs_crashed(
-        self, now: datetime, stale_after_s: float = HEARTBEAT_STALE_S
+        self,
+        now: datetime,
+        stale_after_s: float = HEARTBEAT_STALE_S,
+        liveness: Callable[[Mapping[str, Any] | None], Liveness] = lambda launcher: "unknown",
     ) -> list[RunRow]:
-        """Runs still ``running`` whose heartbeat stopped more than ``stale_after_s`` before ``now``
-        become ``crashed``, ended at their last heartbeat; returns them (as they are now)."""
+        """Runs still ``running`` whose launcher is gone become ``crashed``, ended at their last
+        heartbeat; returns them (as they are now). ``liveness`` judges a run's launcher
+        (``liveness.liveness_here``): "gone" is a crash at once, "alive" never is, "unknown" is one when
+        the heartbeat stopped more than ``stale_after_s`` before ``now``."""
         from datetime import timedelta
 
         cutoff = now - timedelta(seconds=stale_after_s)
-        last_sign = func.coalesce(Run.heartbeat_at, Run.started_at)
         with self._transaction() as session:
-            silent = session.scalars(select(Run).where(Run.status == "running", last_sign < cutoff)).all()
+            running = session.scalars(select(Run).where(Run.status == "running")).all()
+            silent = []
+            for run in running:
+                state = liveness(run.launcher)
+                last_sign = run.heartbeat_at or run.started_at
+                if state == "gone" or (state == "unknown" and last_sign < cutoff):
+                    silent.append(run)
             for run in silent:
                 run.status = "crashed"
                 run.ended_at = run.heartbeat_at or run.started_at
@@ -416,6 +434,11 @@ class PlatformStore:
             )
             return int(getattr(result, "rowcount", 0) or 0)
 
+    def recorded_versions(self, run_id: str) -> set[int]:
+        """The versions whose step statistics the database holds for ``run_id``."""
+        with self._transaction() as session:
+            return set(session.scalars(select(StepStats.version).where(StepStats.run_id == run_id)))
+
     def consumed_ids(self, run_id: str) -> set[str]:
         """Every rollout id the ledger holds for ``run_id``."""
         with self._transaction() as session:
@@ -486,6 +509,8 @@ def _run_row(run: Run, steps: int) -> RunRow:
         summary=None if run.summary is None else dict(run.summary),
         steps=int(steps),
         heartbeat_at=run.heartbeat_at,
+        run_dir=run.run_dir,
+        launcher=None if run.launcher is None else dict(run.launcher),
     )
 
 

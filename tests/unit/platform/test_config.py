@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,30 @@ def test_optimizer_offload_and_activation_checkpointing_reach_deepspeed_and_the_
     assert "offload_optimizer" not in deepspeed_config(load_config(None, []))["zero_optimization"]
     with pytest.raises(ConfigError, match=r"offload_optimizer=true needs trainer.zero_stage 1, 2 or 3"):
         load_config(None, ["trainer.offload_optimizer=true", "trainer.zero_stage=0"])
+
+
+def _float_fields(model_type, prefix=""):
+    """Dotted paths of every float setting (``float`` or ``float | None``), sections walked."""
+    import typing
+
+    for name, field in model_type.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+            yield from _float_fields(annotation, f"{prefix}{name}.")
+        elif annotation is float or float in typing.get_args(annotation):
+            yield f"{prefix}{name}"
+
+
+FLOAT_FIELDS = sorted(_float_fields(PipelineConfig))
+
+
+def test_the_float_settings_are_found():
+    assert {"rl.is_cap", "actor.temperature", "run.max_wall_s"} <= set(FLOAT_FIELDS)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+@pytest.mark.parametrize("field", FLOAT_FIELDS)
+def test_every_float_setting_refuses_infinity_and_nan_naming_the_field(field, value):
+    # rl.is_cap=inf was accepted, written to config.json as null, and killed every stage at start.
+    with pytest.raises(ConfigError, match=re.escape(f"{field}: Input should be a finite number")):
+        load_config(None, [f"{field}={value}"])

@@ -44,3 +44,38 @@ def test_a_non_finite_reward_or_advantage_is_impossible() -> None:
     assert "not finite" in str(impossible_values(sequence))
     sequence.advantage, sequence.reward = 0.0, float("nan")
     assert "not finite" in str(impossible_values(sequence))
+
+
+@pytest.mark.parametrize(
+    ("micro_batches", "reason"),
+    [([[0, 1], [1, 2]], "sequence 1 twice"), ([[0], [], [1, 2]], "empty micro-batch"), ([[0, 2]], "leave 1")],
+    ids=["repeated", "empty", "missing"],
+)
+def test_micro_batches_must_hold_each_sequence_once(micro_batches, reason) -> None:
+    # A repeated index trained a sequence twice in one step; a missing one counted it without training it.
+    from pipelinerl.platform.wire import MalformedMessage, TrainBatch, decode, encode
+    from tests.unit.platform.test_wire import make_batch
+
+    good = make_batch()
+    frames = encode(good)
+    assert decode(frames) == good
+    with pytest.raises(ValueError, match=reason):
+        TrainBatch(batch_index=0, sequences=good.sequences, micro_batches=micro_batches, created_at=0.0)
+    forged = make_batch()
+    forged.micro_batches = micro_batches  # assignment skips __post_init__, as a peer's own encoder would
+    with pytest.raises(MalformedMessage, match=reason):
+        decode(encode(forged))
+
+
+def test_lengths_are_checked() -> None:
+    empty = np.array([], dtype=np.int32)
+    assert "prompt_token_ids is empty" in (impossible_values(make_rollout(prompt_token_ids=empty)) or "")
+    assert impossible_values(make_rollout(), max_completion_tokens=3) is None
+    assert "more than the 2 an actor writes" in (
+        impossible_values(make_rollout(), max_completion_tokens=2) or ""
+    )
+    # 2 prompt + 3 completion tokens
+    assert impossible_values(make_rollout(), max_sequence_tokens=5) is None
+    assert "2 + 3 tokens, more than the model's 4" in (
+        impossible_values(make_rollout(), max_sequence_tokens=4) or ""
+    )

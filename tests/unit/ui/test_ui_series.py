@@ -33,7 +33,7 @@ def test_a_running_run_without_recent_steps_is_silent() -> None:
     assert not run_state("running", START, now - timedelta(seconds=5), now).silent
     assert not run_state("finished", START, START, now).silent, "only running runs can be silent"
     assert run_state("running", START, None, START + timedelta(seconds=12)).heartbeat_age_s == 12
-    # With the launcher's heartbeat (every 10 s), silence shows after two minutes, steps or not.
+    # With the launcher's heartbeat (every 10 s), silence shows after HEARTBEAT_STALE_S (30 s), steps or not.
     beat = now - timedelta(seconds=20)
     assert not run_state("running", START, START, now, heartbeat_at=beat).silent
     assert run_state("running", START, START, now, heartbeat_at=now - timedelta(seconds=121)).silent

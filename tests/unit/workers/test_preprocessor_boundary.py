@@ -88,3 +88,70 @@ def test_the_bound_is_never_reached_by_a_healthy_run() -> None:
     config = load_config(None, ["actor.num_actors=2", "actor.max_in_flight=30", "rl.group_size=4"])
     groups_in_flight = 2 * -(-30 // 4)  # 16: each actor holds at most ceil(H / G) groups in flight
     assert incomplete_groups_bound(config) >= 4 * groups_in_flight
+
+
+EMPTY = np.array([], dtype=np.int32)
+
+
+def _emptied(r, *, prompt: bool, completion: bool):
+    changes: dict = {}
+    if prompt:
+        changes["prompt_token_ids"] = EMPTY
+    if completion:
+        changes.update(
+            completion_token_ids=EMPTY,
+            behaviour_logprobs=np.array([], dtype=np.float32),
+            token_versions=EMPTY,
+        )
+    return msgspec.structs.replace(r, **changes)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "completion"),
+    [(True, True), (True, False)],
+    ids=["empty-prompt-and-completion", "empty-prompt"],
+)
+def test_a_group_of_empty_prompts_is_refused_and_counted_never_crashing_the_packer(
+    task, problems, prompt, completion
+) -> None:
+    # Before: the group completed, and packing it raised "sequence lengths must be >= 1" (the stage died).
+    problem = next(iter(problems.values()))
+    build = guarded_builder(task, problems)
+    for index in range(4):
+        assert (
+            build.add(_emptied(rollout(problem, "g", index, "x"), prompt=prompt, completion=completion)) == []
+        )
+    assert build.rejected == 4 and build.buffered == 0
+
+
+def test_an_empty_completion_after_a_prompt_is_trained(task, problems) -> None:
+    problem = next(iter(problems.values()))
+    build = guarded_builder(task, problems)
+    members = [_emptied(rollout(problem, "g", 0, ""), prompt=False, completion=True)]
+    members += [rollout(problem, "g", index, "x") for index in (1, 2, 3)]
+    batches = [batch for member in members for batch in build.add(member)]
+    assert build.rejected == 0
+    [batch] = batches
+    assert sorted(len(s.completion_token_ids) for s in batch.sequences) == [0, 3, 3, 3]
+
+
+def test_a_completion_longer_than_any_actor_writes_is_refused(task, problems) -> None:
+    problem = next(iter(problems.values()))
+    build = BatchBuilder(
+        task=task,
+        problems=problems,
+        batch_size=4,
+        micro_batch_tokens=64,
+        normalize_advantages=False,
+        max_completion_tokens=3,
+    )
+    assert build.add(rollout(problem, "g", 0, "x", completion_len=3)) == []
+    assert build.add(rollout(problem, "g", 1, "x", completion_len=4)) == []
+    assert build.rejected == 1 and build.buffered == 1
+
+
+def test_the_preprocessor_takes_its_completion_limit_from_the_actor_setting(tmp_path) -> None:
+    from pipelinerl.workers.preprocessor import build_batch_builder
+
+    config = load_config(None, ["actor.max_new_tokens=17"])
+    assert build_batch_builder(config, tmp_path).max_completion_tokens == 17

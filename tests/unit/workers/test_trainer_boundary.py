@@ -11,14 +11,54 @@ from pipelinerl.workers.trainer import Trainer
 from tests.unit.platform.test_wire import make_sequence
 
 
+def _trainer(**fields: object) -> SimpleNamespace:
+    """What ``Trainer.admissible`` reads of its trainer: counts and limits, no model."""
+    defaults = {"rejected": 0, "policy_version": 0, "vocab_size": 1000}
+    return SimpleNamespace(
+        **{**defaults, "max_completion_tokens": None, "max_sequence_tokens": None, **fields}
+    )
+
+
 def test_sequences_outside_the_vocabulary_or_from_the_future_are_dropped_and_counted() -> None:
     # make_sequence(i, n): versions i, token ids around 100 + i
     sequences = [make_sequence(0, 2), make_sequence(1, 3), make_sequence(2, 2), make_sequence(0, 1)]
     sequences[3].completion_token_ids = np.array([10**6], dtype=np.int32)  # beyond the vocabulary
     batch = TrainBatch(batch_index=5, sequences=sequences, micro_batches=[[0, 3], [1, 2]], created_at=1.0)
-    trainer = SimpleNamespace(rejected=0, policy_version=1, vocab_size=1000)  # version 2 is the future
+    trainer = _trainer(policy_version=1, vocab_size=1000)  # version 2 is the future
     kept = Trainer.admissible(trainer, batch)  # type: ignore[arg-type]
     assert [s.rollout_id for s in kept.sequences] == ["rollout-0", "rollout-1"]
     assert kept.micro_batches == [[0], [1]]
     assert trainer.rejected == 2
     assert Trainer.admissible(trainer, kept) is kept and trainer.rejected == 2  # nothing more to drop
+
+
+def test_empty_prompts_and_sequences_beyond_the_model_or_the_actor_are_dropped_and_counted() -> None:
+    import msgspec
+    import pytest
+    import torch
+
+    from pipelinerl.workers.policy_step import per_token
+
+    sequences = [make_sequence(0, 2), make_sequence(0, 3), make_sequence(0, 4), make_sequence(0, 2)]
+    sequences[1] = msgspec.structs.replace(sequences[1], prompt_token_ids=np.array([], dtype=np.int32))
+    # sequences[2]: 3 prompt + 4 completion tokens, beyond the model's 6 positions
+    sequences[3] = msgspec.structs.replace(sequences[3], rollout_id="rollout-3")
+    batch = TrainBatch(batch_index=1, sequences=sequences, micro_batches=[[0, 1], [2, 3]], created_at=1.0)
+    # Before: the empty prompt reached the loss, whose scatter of per-token values failed.
+    with pytest.raises(RuntimeError):
+        per_token([sequences[1]], torch.ones(1, 3, dtype=torch.bool), "behaviour_logprobs", torch.float32)
+    trainer = _trainer(max_sequence_tokens=6, max_completion_tokens=3)
+    kept = Trainer.admissible(trainer, batch)  # type: ignore[arg-type]
+    assert [s.rollout_id for s in kept.sequences] == ["rollout-0", "rollout-3"]
+    assert kept.micro_batches == [[0], [1]] and trainer.rejected == 2
+    # the actor's limit alone: a 4-token completion where actors write at most 3
+    trainer = _trainer(max_sequence_tokens=None, max_completion_tokens=3)
+    assert len(Trainer.admissible(trainer, batch).sequences) == 2 and trainer.rejected == 2  # type: ignore[arg-type]
+
+
+def test_the_position_limit_is_read_from_the_model_config() -> None:
+    from pipelinerl.workers.trainer import model_positions
+
+    assert model_positions(SimpleNamespace(max_position_embeddings=2048)) == 2048
+    assert model_positions(SimpleNamespace(n_positions=1024)) == 1024
+    assert model_positions(SimpleNamespace()) is None

@@ -243,3 +243,32 @@ def test_a_run_whose_heartbeat_stopped_is_marked_crashed_at_its_last_beat(store:
     assert store.mark_silent_runs_crashed(now, stale_after_s=120) == []  # once
     store.heartbeat(silent, now)  # a late beat does not bring a crashed run back
     assert store.get_run(silent).run.status == "crashed"
+
+
+def test_a_run_whose_launcher_is_gone_is_crashed_at_once_and_a_live_one_never(store: PlatformStore) -> None:
+    gone = create(store, "gone-run", launcher={"pid": 1})
+    alive = create(store, "alive-run", launcher={"pid": 2})
+    elsewhere = create(store, "elsewhere-run", launcher={"pid": 3})
+    verdicts = {1: "gone", 2: "alive", 3: "unknown"}
+    for run_id in (gone, alive, elsewhere):
+        store.heartbeat(run_id, STARTED + timedelta(minutes=9))
+
+    def liveness(launcher):
+        return verdicts[launcher["pid"]]
+
+    # Heartbeats one minute old, 120 s allowed: only the proven-gone launcher's run is crashed.
+    now = STARTED + timedelta(minutes=10)
+    assert [r.id for r in store.mark_silent_runs_crashed(now, 120, liveness=liveness)] == [gone]
+    # Much later: the live one is still not crashed; the one that cannot be checked from here is.
+    later = STARTED + timedelta(hours=1)
+    assert [r.id for r in store.mark_silent_runs_crashed(later, 120, liveness=liveness)] == [elsewhere]
+    assert store.get_run(alive).run.status == "running"
+
+
+def test_a_run_keeps_its_directory_and_launcher(store: PlatformStore) -> None:
+    run_id = create(store, "kept", run_dir="/shared/runs/kept", launcher={"host": "h", "pid": 7})
+    row = store.get_run(run_id).run
+    assert row.run_dir == "/shared/runs/kept" and row.launcher == {"host": "h", "pid": 7}
+    assert store.recorded_versions(run_id) == set()
+    store.record_step(run_id, 3, {"rl/loss": 0.5}, [4])
+    assert store.recorded_versions(run_id) == {3}
