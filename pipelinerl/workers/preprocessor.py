@@ -379,17 +379,9 @@ def rejection_counts(builder: BatchBuilder, rollouts: Receiver, notices: Receive
 
 
 def build_batch_builder(
-    config: PipelineConfig,
-    run_dir: Path,
-    task: Task | None = None,
-    problems: dict[str, Problem] | None = None,
+    config: PipelineConfig, run_dir: Path, task: Task, problems: dict[str, Problem]
 ) -> BatchBuilder:
-    """The run's batch builder, with every limit of its boundary taken from ``config``."""
-    if task is None:
-        task = build_task(config.task)
-    if problems is None:
-        train = task.problems("train", config.task.train_problems, config.run.seed)
-        problems = {problem.problem_id: problem for problem in train}
+    """The run's batch builder over ``problems`` of ``task``, every limit of its boundary from ``config``."""
     return BatchBuilder(
         task=task,
         problems=problems,

@@ -150,8 +150,8 @@ def test_a_completion_longer_than_any_actor_writes_is_refused(task, problems) ->
     assert build.rejected == 1 and build.buffered == 1
 
 
-def test_the_preprocessor_takes_its_completion_limit_from_the_actor_setting(tmp_path) -> None:
+def test_the_preprocessor_takes_its_completion_limit_from_the_actor_setting(tmp_path, task, problems) -> None:
     from pipelinerl.workers.preprocessor import build_batch_builder
 
     config = load_config(None, ["actor.max_new_tokens=17"])
-    assert build_batch_builder(config, tmp_path).max_completion_tokens == 17
+    assert build_batch_builder(config, tmp_path, task, problems).max_completion_tokens == 17
