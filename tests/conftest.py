@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -45,6 +47,37 @@ def worker_port(port: int) -> int:
             "(pytest -n 1 or -n 2)"
         )
     return port + WORKER_PORT_SHIFT * index
+
+
+T = TypeVar("T")
+
+
+def wait_until(condition: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.1) -> T:
+    """The first truthy value of ``condition()``, polled every ``interval_s``; fails naming ``what``
+    after ``timeout_s``. The one poll loop of the suite: a deadline is a bound on a hang, never a
+    speed requirement, so give it room for a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``gpu`` tests skip, saying why, where CUDA is absent (``pytest -m gpu`` on a GPU machine runs them)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False here)")
+    for item in gpu_items:
+        item.add_marker(skip)
 
 
 def free_port() -> int:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipelinerl.platform.tracking import metric_registry as registry
+
 if TYPE_CHECKING:
     from rich.progress import Progress
 
@@ -48,12 +50,15 @@ def actor_rate_from_run_dir(run_dir: Path) -> ActorRate:
         if len(records) < 2:
             raise ValueError(f"{path} has {len(records)} records; need at least 2 to time the actor")
         first, last = records[0], records[-1]
-        tokens_per_s += (last["actor/tokens_generated"] - first["actor/tokens_generated"]) / (
-            last["time"] - first["time"]
-        )
-    steps = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    trained_tokens = sum(step["tokens"] for step in steps)
-    trained_samples = sum(step["samples"] for step in steps)
+        generated = last[registry.ACTOR_TOKENS_GENERATED] - first[registry.ACTOR_TOKENS_GENERATED]
+        tokens_per_s += generated / (last[registry.TIME] - first[registry.TIME])
+    steps = [
+        registry.canonical_record(json.loads(line), "trainer")  # a run from before the renames too
+        for line in metrics_path.read_text().splitlines()
+        if line.strip()
+    ]
+    trained_tokens = sum(step[registry.TRAINER_TOKENS] for step in steps)
+    trained_samples = sum(step[registry.TRAINER_SAMPLES] for step in steps)
     if not trained_samples:
         raise ValueError(f"{metrics_path} records no trained samples")
     mean_completion = trained_tokens / trained_samples

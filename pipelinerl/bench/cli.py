@@ -360,6 +360,7 @@ def learning(
     from pipelinerl.bench.learning import run_learning_bench, variants
     from pipelinerl.bench.report import default_path, load_average, target_check
     from pipelinerl.platform.config import ConfigError, load_config, with_overrides
+    from pipelinerl.platform.tracking.ratios import times_faster_key
 
     try:
         g_values = [int(part) for part in gs.split(",") if part.strip()]
@@ -397,10 +398,8 @@ def learning(
     if g_values:  # the paper's comparison: at least 2x sooner than G = max, with no lower ESS
         largest = f"conventional_g{max(g_values)}"
         for baseline in (largest, f"{largest}_strict"):
-            if f"speedup_vs_{baseline}" in headline:
-                targets[f"speedup_vs_{baseline}"] = target_check(
-                    headline.get(f"speedup_vs_{baseline}"), at_least=2.0
-                )
+            if (key := times_faster_key("pipeline", baseline)) in headline:
+                targets[key] = target_check(headline[key], at_least=2.0)
         if (baseline_ess := headline.get(f"ess_mean_{largest}")) is not None:
             targets["ess_mean_pipeline"] = target_check(
                 headline.get("ess_mean_pipeline"), at_least=baseline_ess
@@ -508,6 +507,7 @@ def _learning_from_record(path: Path, target_gain: float, out: Path | None) -> N
         table_rows,
     )
     from pipelinerl.bench.report import load_average, markdown_table, target_check
+    from pipelinerl.platform.tracking.ratios import times_faster_key
 
     if not path.is_file():
         raise fail(f"--from-record {str(path)!r} is not a file (a learning.json written by bench learning)")
@@ -523,8 +523,8 @@ def _learning_from_record(path: Path, target_gain: float, out: Path | None) -> N
     headline = report["headline"]
     targets = {}
     for label in labels:
-        if label.startswith("conventional_g") and f"speedup_vs_{label}" in headline:
-            targets[f"speedup_vs_{label}"] = target_check(headline[f"speedup_vs_{label}"], at_least=2.0)
+        if label.startswith("conventional_g") and (key := times_faster_key("pipeline", label)) in headline:
+            targets[key] = target_check(headline[key], at_least=2.0)
     baselines = [label for label in labels if label.startswith("conventional_g")]
     if baselines and (baseline_ess := headline.get(f"ess_mean_{baselines[0]}")) is not None:
         targets["ess_mean_pipeline"] = target_check(headline.get("ess_mean_pipeline"), at_least=baseline_ess)

@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     import torch
 
     from pipelinerl.bench.engine_workload import EngineBenchSettings, Workload
-    from pipelinerl.workers.actor import StagedWeights
     from pipelinerl.workers.engines.protocol import Engine
+    from pipelinerl.workers.staged_weights import StagedWeights
 
 # The KV-cache policies an engine offers for the sequences in flight at an update. vLLM's is read at
 # every pause (``VLLMEngine.kv_cache_on_update``), so one engine measures both; transformers keeps.

@@ -15,8 +15,8 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-    from pipelinerl.workers.actor import StagedWeights
     from pipelinerl.workers.engines.protocol import Engine
+    from pipelinerl.workers.staged_weights import StagedWeights
 
 from pipelinerl.bench.engine_factories import UpdateTiming, WeightSender
 from pipelinerl.bench.engine_workload import PERTURBATION_SCALE, Workload
@@ -81,8 +81,8 @@ class WeightUpdates:
     def __init__(self, model: torch.nn.Module, seed: int) -> None:
         import torch
 
-        from pipelinerl.workers.actor import StagedWeights
         from pipelinerl.workers.engines.protocol import iter_named_parameters
+        from pipelinerl.workers.staged_weights import StagedWeights
 
         generator = torch.Generator().manual_seed(seed)
         self.sets: list[StagedWeights] = []

@@ -72,7 +72,7 @@ def build_workload(tokenizer: Any, settings: EngineBenchSettings, task_name: str
     """The embedded task's train prompts in a seeded order (the actor's), each repeated G times."""
     from pipelinerl.tasks import get_task
     from pipelinerl.tasks.tokenizer import encode_prompt
-    from pipelinerl.workers.actor import prompt_stream
+    from pipelinerl.workers.prompt_stream import prompt_stream
 
     # The actor's ordering over a 1,000-problem train split (the run's is 20,000; the mix is the same).
     problems = get_task(task_name).problems("train", max(1000, settings.num_prompts), settings.seed)

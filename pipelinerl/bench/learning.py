@@ -10,10 +10,12 @@ they would own their own GPUs.
 
 Held-out success is measured **after** each run, off its clock, on the checkpoints it wrote every
 ``--eval-every`` versions (plus the start and the final policy): each point is (wall seconds and
-samples trained when that version was published, greedy success on the eval split). The target is
-the warm-start's success plus ``--target-gain``; a variant's time to target is the wall time of its
-first checkpoint at or above it (so its resolution is the checkpoint spacing). The speed-up against
-a baseline is the baseline's time over PipelineRL's.
+samples trained when the trainer step produced that version, ``comparison.trained_at``; greedy
+success on the eval split). The target is the warm-start's success plus ``--target-gain``; a
+variant's time to target is the wall time of its first checkpoint at or above it (so its resolution
+is the checkpoint spacing). PipelineRL's ratio against a baseline is ``ratios.times_faster``: the
+baseline's time ÷ PipelineRL's, under the key ``pipeline/times_faster_than_<baseline>`` (records
+before issue 25 call it ``speedup_vs_<baseline>``, same direction).
 
 The paper's figure set (lag against token position, lag histogram, ESS by step, reward against
 wall time) is drawn from the first seed's runs of PipelineRL and the largest-G baselines, and the
@@ -21,7 +23,8 @@ numbers behind its claims (early against late lag, sequences written by several 
 every variant's row. ``pipelinerl bench figures RUN_DIR...`` draws the same figure again from
 finished run directories (``config.json`` + ``metrics.jsonl``), without re-running them.
 
-Pure logic (``success_curve``, ``time_to_target``, ``speedups``) is separate from running.
+Pure logic (``success_curve``, ``time_to_target``, ``times_faster_than_baselines``) is separate from
+running.
 """
 
 from __future__ import annotations
@@ -38,7 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from pipelinerl.platform.config import PipelineConfig, with_overrides
+from pipelinerl.platform.tracking import metric_registry as registry
+from pipelinerl.platform.tracking.comparison import trained_at_each
 from pipelinerl.platform.tracking.parent_run import parent_run
+from pipelinerl.platform.tracking.ratios import (
+    pipeline_times_faster,
+    times_faster,
+    times_faster_key,
+)
 
 BASELINE_GS = (1, 4, 8)
 Point = tuple[float, int, float]  # (wall seconds, samples trained, held-out success)
@@ -86,13 +96,14 @@ def split_cores(available: Iterable[int]) -> tuple[list[int], list[int]]:
 def success_curve(
     start_success: float, evaluated: dict[int, float], records: Sequence[dict[str, Any]]
 ) -> list[Point]:
-    """(wall s, samples, success) at version 0 and at each evaluated version, in version order."""
-    by_version = {int(r["policy_version"]): r for r in records}
+    """(wall s, samples, success) at version 0 and at each evaluated version after it, in version
+    order, each placed where the trainer produced that version (``comparison.trained_at``; a version
+    without a trainer record is left out)."""
+    versions = sorted(version for version in evaluated if version > 0)
     points: list[Point] = [(0.0, 0, start_success)]
-    for version in sorted(evaluated):
-        if version in by_version:
-            record = by_version[version]
-            points.append((float(record["wall_s"]), int(record["samples/trained"]), evaluated[version]))
+    for version, placed in zip(versions, trained_at_each(versions, records), strict=True):
+        if placed is not None:
+            points.append((placed.wall_s, placed.samples or 0, evaluated[version]))
     return points
 
 
@@ -101,13 +112,14 @@ def time_to_target(points: Sequence[Point], target: float) -> float | None:
     return next((wall for wall, _, success in points if success >= target), None)
 
 
-def speedups(times: dict[str, float | None], reference: str = "pipeline") -> dict[str, float | None]:
-    """``times[label] / times[reference]`` for every other label (None where either is missing)."""
-    ours = times.get(reference)
+def times_faster_than_baselines(
+    times: dict[str, float | None], run: str = "pipeline"
+) -> dict[str, float | None]:
+    """How many times faster ``run`` reached the target than every other label
+    (``ratios.times_faster``: their time ÷ ``run``'s; None where either is missing)."""
+    ours = times.get(run)
     return {
-        label: (theirs / ours if theirs is not None and ours else None)
-        for label, theirs in times.items()
-        if label != reference
+        label: times_faster(run_s=ours, baseline_s=theirs) for label, theirs in times.items() if label != run
     }
 
 
@@ -142,8 +154,8 @@ def _actor_idle_fraction(run_dir: Path) -> float | None:
     for path in sorted(run_dir.glob("actor*.jsonl")):
         for line in path.read_text().splitlines():
             record = json.loads(line)
-            if "actor/idle_fraction" in record:
-                values.append(float(record["actor/idle_fraction"]))
+            if registry.ACTOR_IDLE_FRACTION in record:
+                values.append(float(record[registry.ACTOR_IDLE_FRACTION]))
     return statistics.fmean(values) if values else None
 
 
@@ -176,7 +188,7 @@ def variant_result(
     points = success_curve(summary["eval_success_start"], evaluated, records)
     target = points[0][2] + target_gain
     wall_s = float(summary["wall_s"]) or 1e-9
-    lag_p90 = max((float(r["lag/p90"]) for r in records), default=0.0)
+    lag_p90 = max((float(r[registry.LAG_P90]) for r in records), default=0.0)
     claims = claim_numbers(records)
     return VariantResult(
         label=label,
@@ -204,33 +216,38 @@ def variant_result(
 
 def completion_lengths(records: Sequence[dict[str, Any]]) -> dict[str, float]:
     """The run's completion-length distribution from its per-step records (empty for records written
-    before the trainer logged percentiles): mean, the median over steps of each step's p50 and p90, max."""
-    steps = [r for r in records if "completion_len_p90" in r]
+    before the trainer logged percentiles): mean, the median over steps of each step's p50 and p90, max.
+    Records written before the metric renames are read under the new names."""
+    named = (registry.canonical_record(r, "trainer") for r in records)
+    steps = [r for r in named if registry.COMPLETION_LEN_P90 in r]
     if not steps:
         return {}
     return {
-        "mean": statistics.fmean(float(r["completion_len_mean"]) for r in steps),
-        "p50": statistics.median(float(r["completion_len_p50"]) for r in steps),
-        "p90": statistics.median(float(r["completion_len_p90"]) for r in steps),
-        "max": float(max(int(r["completion_len_max"]) for r in steps)),
+        "mean": statistics.fmean(float(r[registry.COMPLETION_LEN_MEAN]) for r in steps),
+        "p50": statistics.median(float(r[registry.COMPLETION_LEN_P50]) for r in steps),
+        "p90": statistics.median(float(r[registry.COMPLETION_LEN_P90]) for r in steps),
+        "max": float(max(int(r[registry.COMPLETION_LEN_MAX]) for r in steps)),
     }
 
 
 def claim_numbers(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The numbers behind the paper's claims, from a run's per-step records: mean lag over the first
     and the last quarter of token positions, the fraction of sequences written by two or more policy
-    versions, ESS mean and minimum over steps, and the largest token lag."""
+    versions, ESS mean and minimum over steps, and the largest token lag (records written before the
+    metric renames are read under the new names)."""
     from pipelinerl.platform.tracking.figures import early_late_lag
 
+    records = [registry.canonical_record(r, "trainer") for r in records]
     lag_early, lag_late = early_late_lag(records)
-    samples = sum(int(r["samples"]) for r in records)
+    samples = sum(int(r[registry.TRAINER_SAMPLES]) for r in records)
+    multi_version = sum(int(r[registry.TRAINER_INFLIGHT_SEQUENCES]) for r in records)
     return {
         "lag_early": lag_early,
         "lag_late": lag_late,
-        "multi_version_fraction": sum(int(r["inflight_sequences"]) for r in records) / max(samples, 1),
-        "ess_mean": statistics.fmean(float(r["rl/ess"]) for r in records) if records else None,
-        "ess_min": min((float(r["rl/ess"]) for r in records), default=None),
-        "lag_max": max((int(r["lag/max"]) for r in records), default=None),
+        "multi_version_fraction": multi_version / max(samples, 1),
+        "ess_mean": statistics.fmean(float(r[registry.ESS]) for r in records) if records else None,
+        "ess_min": min((float(r[registry.ESS]) for r in records), default=None),
+        "lag_max": max((int(r[registry.LAG_MAX]) for r in records), default=None),
     }
 
 
@@ -418,15 +435,17 @@ def summarize_bench(
     """Headline numbers and the per-variant table; pure.
 
     Each seed has its own warm start and held-out split, so its own start and target (start plus
-    ``target_gain``). A speed-up is the median over seeds of that seed's time ratio (baseline time to
-    target over PipelineRL's), given with every seed's ratio; undefined (None) when a seed's run did
-    not reach its target, rather than a median of the lucky seeds.
+    ``target_gain``). PipelineRL's ratio against a baseline (``pipeline/times_faster_than_<label>``)
+    is the median over seeds of that seed's ``times_faster`` (the baseline's time to target ÷
+    PipelineRL's), given with every seed's ratio (``…_per_seed``); undefined (None) when a seed's run
+    did not reach its target, rather than a median of the lucky seeds. The PipelineRL row carries the
+    same as ``times_faster_than`` / ``times_faster_than_per_seed``, by baseline.
     """
     by_label = {label: [r for r in results if r.label == label] for label in labels}
     times = {label: _median([r.time_to_target_s for r in rs]) for label, rs in by_label.items()}
     starts = {r.seed: r.points[0][2] for r in results if r.points}
     by_seed = {
-        seed: speedups({r.label: r.time_to_target_s for r in results if r.seed == seed})
+        seed: times_faster_than_baselines({r.label: r.time_to_target_s for r in results if r.seed == seed})
         for seed in {r.seed for r in results}
     }
     per_seed = {
@@ -440,12 +459,12 @@ def summarize_bench(
         "target_success_by_seed": {str(seed): start + target_gain for seed, start in sorted(starts.items())},
         # The overlay's target line: the first seed's.
         "target_success": next(iter(sorted(starts.items())), (0, 0.0))[1] + target_gain,
-        **{f"speedup_vs_{label}": _median(ratios) for label, ratios in per_seed.items()},
-        **{f"speedup_vs_{label}_per_seed": ratios for label, ratios in per_seed.items()},
+        **{times_faster_key("pipeline", label): _median(ratios) for label, ratios in per_seed.items()},
+        **{f"{times_faster_key('pipeline', label)}_per_seed": ratios for label, ratios in per_seed.items()},
         **{f"ess_mean_{label}": statistics.fmean(r.ess_mean for r in rs) for label, rs in by_label.items()},
         **{f"time_to_target_s_{label}": t for label, t in times.items()},
     }
-    ratios = {label: headline[f"speedup_vs_{label}"] for label in per_seed}
+    medians = {label: headline[times_faster_key("pipeline", label)] for label in per_seed}
     rows = []
     for label, rs in by_label.items():
         rows.append(
@@ -453,8 +472,11 @@ def summarize_bench(
                 "variant": label,
                 "time_to_target_s": times[label],
                 "time_to_target_s_per_seed": [r.time_to_target_s for r in rs],
-                "speedup": ratios.get(label) if label != "pipeline" else 1.0,
-                "speedup_per_seed": per_seed.get(label),
+                **(
+                    {"times_faster_than": medians, "times_faster_than_per_seed": per_seed}
+                    if label == "pipeline"
+                    else {}
+                ),
                 "eval_success_end": statistics.fmean(r.eval_success_end for r in rs),
                 "ess_mean": statistics.fmean(r.ess_mean for r in rs),
                 "ess_min": min(r.ess_min for r in rs),
@@ -516,7 +538,7 @@ def _mean_or_none(values: Sequence[float | None]) -> float | None:
 TABLE_HEADERS = (
     "variant",
     "time to target (s)",
-    "speed-up of PipelineRL",
+    "PipelineRL × faster (this variant's time ÷ PipelineRL's)",
     "final success",
     "ESS mean",
     "ESS min",
@@ -538,7 +560,7 @@ def table_rows(record: dict[str, Any]) -> list[list[Any]]:
         [
             row["variant"],
             row["time_to_target_s"],
-            row["speedup"],
+            pipeline_times_faster(record, row["variant"]),
             row["eval_success_end"],
             row["ess_mean"],
             row["ess_min"],

@@ -199,4 +199,5 @@ def target_check(value: float | None, *, at_least: float | None = None, below: f
         raise ValueError("give exactly one of at_least and below")
     if at_least is not None:
         return {"at_least": at_least, "value": value, "met": None if value is None else value >= at_least}
+    assert below is not None  # exactly one of the two was given
     return {"below": below, "value": value, "met": None if value is None else value < below}

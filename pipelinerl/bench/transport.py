@@ -154,13 +154,14 @@ def build_rollouts(shape: RolloutShape, count: int, seed: int) -> list[Rollout]:
 
 def _embedded_sequences(count: int, seed: int) -> list[tuple[list[int], list[int], str]]:
     from pipelinerl.tasks import get_task
+    from pipelinerl.tasks.base import reference_completion
     from pipelinerl.tasks.tokenizer import build_tokenizer, encode_completion, encode_prompt
 
     task = get_task("arithmetic")
     tokenizer = build_tokenizer()
     sequences = []
     for problem in task.problems("train", count, seed):
-        completion = task.reference_completion(problem)
+        completion = reference_completion(task, problem)
         sequences.append(
             (
                 encode_prompt(tokenizer, problem.prompt),

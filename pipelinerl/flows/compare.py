@@ -10,6 +10,7 @@ from prefect.runtime import flow_run
 from pydantic import Field
 
 from pipelinerl.platform.config import Mode, PipelineConfig
+from pipelinerl.platform.tracking.ratios import TIMES_FASTER_MEANING
 
 
 @flow(name="compare", log_prints=True)
@@ -19,12 +20,12 @@ def compare(
     target: float | None = None,
     window: Annotated[int, Field(ge=1)] = 5,
 ) -> list[dict[str, Any]]:
-    """Run the experiment once per mode (the first is the reference) and compare them.
+    """Run the experiment once per mode and compare them.
 
     Args:
         config: The experiment every mode runs (run.mode is set per mode).
-        modes: Two or more different modes; the first is the reference that the others' times to the
-            target are compared with.
+        modes: Two or more different modes, run in this order; every run's time to the target is
+            compared with the conventional run's (without one, the first mode's).
         target: The smoothed train reward every mode must reach; empty: the highest that every mode
             reached.
         window: Steps in the trailing mean of the train reward.
@@ -43,15 +44,19 @@ def compare(
         prefect_flow_run_id=str(flow_run.id) if flow_run.id else None,
     )
     rows = [asdict(row) for row in result.rows]
-    reference = result.rows[0].label
     create_table_artifact(
         key="compare-table",
-        table=[_rounded(row) for row in rows],
-        description=f"Time to a smoothed train reward of {result.target:.3f}; time_vs_reference is each "
-        f"run's time to it divided by {reference}'s (2.0: twice as long as {reference}); parent MLflow "
-        f"run {result.mlflow_run_id}",
+        table=[_rounded(_flat(row)) for row in rows],
+        description=f"Time to a smoothed train reward of {result.target:.3f}; {TIMES_FASTER_MEANING} "
+        f"(column times_faster_than_<B>); parent MLflow run {result.mlflow_run_id}",
     )
     return rows
+
+
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    """A row with its ``times_faster_than`` mapping as one column per baseline (a table cell each)."""
+    flat = {key: value for key, value in row.items() if key != "times_faster_than"}
+    return flat | {f"times_faster_than_{b}": ratio for b, ratio in row["times_faster_than"].items()}
 
 
 def _rounded(row: dict[str, Any]) -> dict[str, Any]:

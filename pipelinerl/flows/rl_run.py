@@ -30,6 +30,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
 from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.tracking import metric_registry as registry
 
 PROGRESS_EVERY = 10  # policy versions between two progress artifacts
 LOG_POLL_S = 1.0
@@ -108,23 +109,24 @@ def progress_rows(
     version (named by set when there are several)."""
     rows = []
     latest: dict[str, dict[str, Any]] = {}
-    named = len({e.get("set") for e in evals}) > 1
-    pending = sorted(evals, key=lambda e: e["policy_version"])
+    named = len({e.get(registry.EVAL_SET) for e in evals}) > 1
+    pending = sorted(evals, key=lambda e: e[registry.POLICY_VERSION])
+    pass_at_1 = registry.name_of(registry.EVAL_PASS_AT, k=1)
     for r in records:
-        while pending and pending[0]["policy_version"] <= r["policy_version"]:
+        while pending and pending[0][registry.POLICY_VERSION] <= r[registry.POLICY_VERSION]:
             record = pending.pop(0)
-            latest[record.get("set", "")] = record
+            latest[record.get(registry.EVAL_SET, "")] = record
         rows.append(
             {
-                "version": r["policy_version"],
-                "reward": round(r["rl/reward_mean"], 4),
-                "ESS": round(r["rl/ess"], 4),
-                "lag mean": round(r["lag/mean"], 3),
-                "lag max": r["lag/max"],
-                "samples": r["samples/trained"],
-                "wall s": round(r["wall_s"], 1),
+                "version": r[registry.POLICY_VERSION],
+                "reward": round(r[registry.REWARD_MEAN], 4),
+                "ESS": round(r[registry.ESS], 4),
+                "lag mean": round(r[registry.LAG_MEAN], 3),
+                "lag max": r[registry.LAG_MAX],
+                "samples": r[registry.SAMPLES_TRAINED],
+                "wall s": round(r[registry.WALL_S], 1),
                 "eval pass@1": " ".join(
-                    f"{name + ' ' if named else ''}{e['pass@1']:.3f} (v{e['policy_version']})"
+                    f"{name + ' ' if named else ''}{e[pass_at_1]:.3f} (v{e[registry.POLICY_VERSION]})"
                     for name, e in latest.items()
                 ),
             }

@@ -32,6 +32,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from pipelinerl.flows.deploy import LAUNCH_POOL, REPO_ROOT
@@ -375,6 +376,13 @@ def up(
         ]
         dashboard = None
         if ui_port is not None:
+            # The dashboard only reads the platform tables: create them now, or it would answer 503
+            # ("unable to open database file") until a first run created them. MLflow migrated its own
+            # store in a process of its own (`mlflow db upgrade`), so this process's Alembic is free.
+            status("creating the platform database")
+            from pipelinerl.platform.tracking.store import PlatformStore
+
+            PlatformStore(env("dashboard")["PIPELINERL_DATABASE_URL"]).close()
             status("starting the dashboard")
             state.dashboard_url = f"http://{HOST}:{ui_port}"
             dashboard = started(
@@ -388,12 +396,14 @@ def up(
                 )
             )
         status("waiting for the MLflow server, the workers and the dashboard")
-        checks = {"the MLflow server": (lambda: mlflow_healthy(state.mlflow_url), mlflow)}
+        checks: dict[str, tuple[Callable[[], bool], StackProcess]] = {
+            "the MLflow server": (lambda: mlflow_healthy(state.mlflow_url), mlflow)
+        }
         if dashboard is not None:
             checks["the dashboard"] = (lambda: _http_ok(f"{state.dashboard_url}/api/health"), dashboard)
         for pool, proc in zip(state.work_pools, workers, strict=True):
             checks[f"the worker of pool {pool!r}"] = (
-                lambda pool=pool: worker_online(state.prefect_api_url, pool, worker_name(pool)),
+                partial(worker_online, state.prefect_api_url, pool, worker_name(pool)),
                 proc,
             )
         wait_until(checks, timeout_s)

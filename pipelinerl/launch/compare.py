@@ -4,7 +4,9 @@ Every mode gets the same config (seed, data order, batch size, the same processe
 hence the same compute split) except ``run.mode``; the runs go one after another on this machine
 so they never share its cores. The parent MLflow run (and a parent row in the platform database)
 gets the overlay figure, the comparison table and per-mode metrics; the same table is returned
-for printing. The statistics are ``platform/tracking/comparison.py``'s.
+for printing. The statistics are ``platform/tracking/comparison.py``'s: every run's time to the
+target and how many times faster it got there than each baseline (the conventional runs; without
+one, the first mode), as the dashboard's comparison table has them.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from pipelinerl.launch.launcher import RunResult, launch
 from pipelinerl.platform.config import MODES, ConfigError, PipelineConfig
 from pipelinerl.platform.tracking.comparison import DEFAULT_WINDOW, ModeRow, compare_runs
 from pipelinerl.platform.tracking.parent_run import parent_run
+from pipelinerl.platform.tracking.ratios import times_faster_key
 
 
 @dataclass
@@ -61,7 +65,7 @@ def run_comparison(
     on_status: Callable[[str], None] | None = None,
     prefect_flow_run_id: str | None = None,
 ) -> ComparisonResult:
-    """Run ``config`` once per mode (in the given order) and compare them; the first is the reference."""
+    """Run ``config`` once per mode (in the given order) and compare them (``compare_runs``)."""
     status = on_status or (lambda text: None)
     configs = [mode_config(config, mode) for mode in modes]
     comparison_id = f"{datetime.now():%Y%m%d-%H%M%S}-compare-{uuid.uuid4().hex[:6]}"
@@ -75,16 +79,14 @@ def run_comparison(
             results[label] = launch(
                 mode_cfg,
                 run_id=f"{comparison_id}-{label}",
-                on_status=lambda text, label=label: status(f"[{label}] {text}"),
+                on_status=partial(_labelled, status, label),
                 parent_mlflow_run_id=parent.mlflow_run_id if parent else None,
                 parent_run_id=comparison_id if parent else None,
                 prefect_flow_run_id=prefect_flow_run_id,
             )
-        reference = label_of(configs[0])
         goal, rows = compare_runs(
             {label: r.records for label, r in results.items()},
             {label: r.summary for label, r in results.items()},
-            reference=reference,
             target=target,
             window=window,
         )
@@ -93,10 +95,10 @@ def run_comparison(
         return ComparisonResult(comparison_id, goal, rows, results, parent.mlflow_run_id if parent else None)
 
 
-# Per-mode numbers logged on the comparison's parent run as metrics named <label>/<key>.
+# Per-mode numbers logged on the comparison's parent run as metrics named <label>/<key>; with them
+# each run's ratio against each baseline as <label>/times_faster_than_<baseline> (``ratios.py``).
 PARENT_METRICS = (
     "time_to_target_s",
-    "time_vs_reference",
     "ess_mean",
     "lag_mean",
     "lag_max",
@@ -120,8 +122,16 @@ def log_comparison(
             value = getattr(row, key)
             if value is not None:
                 metrics[f"{row.label}/{key}"] = float(value)
+        for baseline, ratio in row.times_faster_than.items():
+            if ratio is not None:
+                metrics[times_faster_key(row.label, baseline)] = ratio
     parent.log_table(
         {"target_reward": target, "window": window, "modes": [asdict(row) for row in rows]},
         "comparison.json",
         metrics,
     )
+
+
+def _labelled(status: Callable[[str], None], label: str, text: str) -> None:
+    """A mode's status line, prefixed with its label (``[pipeline] ...``)."""
+    status(f"[{label}] {text}")

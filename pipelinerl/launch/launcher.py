@@ -39,6 +39,7 @@ from pipelinerl.platform.checkpoint import latest_checkpoint, starting_version
 from pipelinerl.platform.config import ConfigError, PipelineConfig, with_overrides
 from pipelinerl.platform.jsonl import JsonlTail
 from pipelinerl.platform.restart_records import discard_after, read_restarts
+from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.tracking.mlflow_store import CheckpointRecord
 
 POLL_S = 0.5
@@ -438,10 +439,12 @@ def _run(
         sinks.tracker.evaluated(final_version, eval_end, wall_s)
         sinks.tracker.checkpoint(
             CheckpointRecord(
-                final_version, records[-1]["samples/trained"] if records else 0, str(run_dir / "final")
+                final_version, records[-1][registry.SAMPLES_TRAINED] if records else 0, str(run_dir / "final")
             )
         )
     from pipelinerl.launch.summary import summarize
+
+    pass_at_1 = registry.name_of(registry.EVAL_PASS_AT, k=1)
 
     summary = summarize(
         records,
@@ -451,18 +454,18 @@ def _run(
         eval_samples=config.task.eval_problems,
         wall_s=wall_s,
         extra={
-            "run_id": run_dir.name,
-            "run_wall_s": run_wall_s,
-            "peak_memory_gib": placement.peak_rss_bytes / 2**30,
-            "model_path": str(prepared.model_path),
-            "start_policy_version": prepared.start_version,
-            "restarts": restarts,
+            registry.S_RUN_ID: run_dir.name,
+            registry.S_RUN_WALL_S: run_wall_s,
+            registry.S_PEAK_MEMORY_GIB: placement.peak_rss_bytes / 2**30,
+            registry.S_MODEL_PATH: str(prepared.model_path),
+            registry.S_START_POLICY_VERSION: prepared.start_version,
+            registry.S_RESTARTS: restarts,
             # What each restart threw away (restarts.jsonl): versions redone, rollouts discarded and lost.
-            "discarded": read_restarts(run_dir),
-            "placement": config.cluster.placement,
+            registry.S_DISCARDED: read_restarts(run_dir),
+            registry.S_PLACEMENT: config.cluster.placement,
             # In-run evaluations through the actor's engine (eval.every), at the versions they measured.
-            "eval_in_run": [
-                {"policy_version": r["policy_version"], "set": r["set"], "pass@1": r["pass@1"]}
+            registry.S_EVAL_IN_RUN: [
+                {key: r[key] for key in (registry.POLICY_VERSION, registry.EVAL_SET, pass_at_1)}
                 for r in sinks.evals
             ],
         },

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,14 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.tracking import metric_registry as registry
+from pipelinerl.platform.tracking.ratios import (
+    TIMES_FASTER_MEANING,
+    times_faster_heading,
+    times_faster_text,
+)
+
+PASS_AT_1 = registry.name_of(registry.EVAL_PASS_AT, k=1)
 
 
 class ProgressView:
@@ -45,16 +54,16 @@ class ProgressView:
         self.console.log(text)
         self.live.update(self._render())
 
-    def add_records(self, records: list[dict[str, Any]]) -> None:
+    def add_records(self, records: Sequence[dict[str, Any]]) -> None:
         self.last = records[-1]
         self.status = "training"
-        self.progress.update(self.task_id, completed=self.last["policy_version"])
+        self.progress.update(self.task_id, completed=self.last[registry.POLICY_VERSION])
         self.live.update(self._render())
 
-    def add_evals(self, records: list[dict[str, Any]]) -> None:
+    def add_evals(self, records: Sequence[dict[str, Any]]) -> None:
         """In-run evaluations (``eval.every``): the latest is shown beside the training row."""
         for record in records:
-            self.last_evals[record.get("set", "")] = record
+            self.last_evals[record.get(registry.EVAL_SET, "")] = record
         self.live.update(self._render())
 
     def _latest_eval(self) -> str:
@@ -62,7 +71,7 @@ class ProgressView:
         named = len(self.last_evals) > 1
         return (
             " ".join(
-                f"{name + ' ' if named else ''}{e['pass@1']:.1%} @v{e['policy_version']}"
+                f"{name + ' ' if named else ''}{e[PASS_AT_1]:.1%} @v{e[registry.POLICY_VERSION]}"
                 for name, e in self.last_evals.items()
             )
             or "-"
@@ -76,7 +85,7 @@ class ProgressView:
             "ESS",
             "lag mean/max",
             "in-flight seqs",
-            "tokens/s",
+            "trainer tokens/s",
             "eval pass@1",
             "status",
         )
@@ -84,14 +93,15 @@ class ProgressView:
             table.add_column(column)
         r = self.last
         if r:
-            tokens_per_s = r["tokens/trained"] / r["wall_s"] if r.get("wall_s") else 0.0
+            # The step's, as MLflow and the dashboard show it (metric_registry.trainer_tokens_per_s).
+            tokens_per_s = registry.derive(registry.TRAINER_TOKENS_PER_S, r)
             table.add_row(
-                str(r["policy_version"]),
-                f"{r['rl/reward_mean']:.3f}",
-                f"{r['rl/ess']:.3f}",
-                f"{r['lag/mean']:.2f}/{r['lag/max']}",
-                str(r["inflight_sequences"]),
-                f"{tokens_per_s:.0f}",
+                str(r[registry.POLICY_VERSION]),
+                f"{r[registry.REWARD_MEAN]:.3f}",
+                f"{r[registry.ESS]:.3f}",
+                f"{r[registry.LAG_MEAN]:.2f}/{r[registry.LAG_MAX]}",
+                str(r[registry.TRAINER_INFLIGHT_SEQUENCES]),
+                "-" if tokens_per_s is None else f"{tokens_per_s:.0f}",
                 self._latest_eval(),
                 self.status,
             )
@@ -100,30 +110,39 @@ class ProgressView:
         return Group(self.progress, table)
 
     def print_summary(self, summary: dict[str, Any], run_dir: Path) -> None:
-        table = Table(title=f"PipelineRL run {summary['run_id']} ({summary['mode']})", show_header=False)
+        table = Table(
+            title=f"PipelineRL run {summary[registry.S_RUN_ID]} ({summary[registry.S_MODE]})",
+            show_header=False,
+        )
         table.add_column("metric", style="bold")
         table.add_column("value")
-        gain = summary["eval_success_end"] - summary["eval_success_start"]
+        gain = summary[registry.S_EVAL_SUCCESS_END] - summary[registry.S_EVAL_SUCCESS_START]
         rows = [
             (
                 "held-out success",
-                f"{summary['eval_success_start']:.1%} -> {summary['eval_success_end']:.1%} "
-                f"({gain:+.1%}, {summary['eval_samples']} problems)",
+                f"{summary[registry.S_EVAL_SUCCESS_START]:.1%} -> {summary[registry.S_EVAL_SUCCESS_END]:.1%} "
+                f"({gain:+.1%}, {summary[registry.S_EVAL_SAMPLES]} problems)",
             ),
             (
                 "train reward (first -> last step)",
-                f"{summary['reward_mean_first']:.3f} -> {summary['reward_mean_last']:.3f}",
+                f"{summary[registry.S_REWARD_MEAN_FIRST]:.3f} -> {summary[registry.S_REWARD_MEAN_LAST]:.3f}",
             ),
             (
                 "optimizer steps / final policy version",
-                f"{summary['steps']} / {summary['final_policy_version']}",
+                f"{summary[registry.S_STEPS]} / {summary[registry.S_FINAL_POLICY_VERSION]}",
             ),
-            ("samples / tokens trained", f"{summary['samples_trained']} / {summary['tokens_trained']}"),
-            ("ESS mean (min)", f"{summary['ess_mean']:.3f} ({summary['ess_min']:.3f})"),
-            ("token lag mean / max", f"{summary['lag_mean']:.2f} / {summary['lag_max']}"),
-            ("sequences written by 2+ versions", str(summary["inflight_sequences"])),
-            ("training wall time", f"{summary['wall_s']:.0f} s ({summary['tokens_per_s']:.0f} tokens/s)"),
-            ("peak memory (all processes)", f"{summary['peak_memory_gib']:.2f} GiB"),
+            (
+                "samples / tokens trained",
+                f"{summary[registry.S_SAMPLES_TRAINED]} / {summary[registry.S_TOKENS_TRAINED]}",
+            ),
+            ("ESS mean (min)", f"{summary[registry.S_ESS_MEAN]:.3f} ({summary[registry.S_ESS_MIN]:.3f})"),
+            ("token lag mean / max", f"{summary[registry.S_LAG_MEAN]:.2f} / {summary[registry.S_LAG_MAX]}"),
+            ("sequences written by 2+ versions", str(summary[registry.S_INFLIGHT_SEQUENCES])),
+            (
+                "training wall time",
+                f"{summary[registry.S_WALL_S]:.0f} s ({summary[registry.S_TOKENS_PER_S]:.0f} tokens/s)",
+            ),
+            ("peak memory (all processes)", f"{summary[registry.S_PEAK_MEMORY_GIB]:.2f} GiB"),
             ("run directory", str(run_dir)),
         ]
         if (run_dir / "mlflow_run_id").exists():
@@ -142,17 +161,19 @@ def _seconds(value: float | None) -> str:
 
 
 def print_comparison(console: Console, result: Any) -> None:
-    """The comparison table (``launch/compare.py``'s ``ComparisonResult``)."""
+    """The comparison table (``launch/compare.py``'s ``ComparisonResult``): one ``× faster than B``
+    column per baseline B (``platform/tracking/ratios.py``: B's time ÷ the row's)."""
     rows = result.rows
-    reference = rows[0].label
+    baselines = list(rows[0].times_faster_than) if rows else []
     table = Table(
-        title=f"Comparison {result.comparison_id}: time to a smoothed train reward of {result.target:.3f}"
+        title=f"Comparison {result.comparison_id}: time to a smoothed train reward of {result.target:.3f}",
+        caption=TIMES_FASTER_MEANING,
     )
     for column in (
         "run",
         "time to target",
         "samples to target",
-        f"its time / {reference}'s",
+        *(times_faster_heading(baseline) for baseline in baselines),
         "ESS mean",
         "lag mean / max",
         "held-out success",
@@ -164,12 +185,12 @@ def print_comparison(console: Console, result: Any) -> None:
             row.label,
             _seconds(row.time_to_target_s),
             "-" if row.samples_to_target is None else str(row.samples_to_target),
-            "-" if row.time_vs_reference is None else f"{row.time_vs_reference:.2f}x",
+            *(times_faster_text(row.times_faster_than[baseline]) for baseline in baselines),
             f"{row.ess_mean:.3f}",
             f"{row.lag_mean:.2f} / {row.lag_max}",
             f"{row.eval_success_start:.1%} -> {row.eval_success_end:.1%}",
             f"{row.wall_s:.0f} s",
         )
-    console.print(table, width=max(console.width, 150))  # a log file gets the full table too
+    console.print(table, width=max(console.width, 170))  # a log file gets the full table too
     if result.mlflow_run_id:
         console.print(f"parent MLflow run: {result.mlflow_run_id} (child runs: one per mode)")

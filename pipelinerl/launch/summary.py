@@ -1,9 +1,17 @@
-"""A run's summary, computed from its per-step records (``metrics.jsonl``). Pure: no I/O here."""
+"""A run's summary, computed from its per-step records (``metrics.jsonl``). Pure: no I/O here.
+
+Its fields are declared in ``metric_registry`` (``S_*``; MLflow gets the numeric ones as
+``summary/<field>``). The trainer's tokens/s and idle fraction over the run (``tokens_per_s``,
+``trainer_wait_fraction``) are the registry's per-step statistics over the sums of their inputs, so
+they agree with what MLflow and the dashboard show for the steps.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+from pipelinerl.platform.tracking import metric_registry as registry
 
 
 def summarize(
@@ -17,30 +25,33 @@ def summarize(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The fields of ``summary.json``; token-weighted means over steps, maxima over the run."""
-    tokens = sum(r["tokens"] for r in records)
-    weighted = (
-        (lambda key: sum(r[key] * r["tokens"] for r in records) / tokens) if tokens else (lambda key: 0.0)
-    )
+    records = [registry.canonical_record(r, "trainer") for r in records]
+    tokens = sum(r[registry.TRAINER_TOKENS] for r in records)
+
+    def weighted(key: str) -> float:
+        return sum(r[key] * r[registry.TRAINER_TOKENS] for r in records) / tokens if tokens else 0.0
+
     summary = {
-        "mode": mode,
-        "steps": len(records),
-        "final_policy_version": records[-1]["policy_version"] if records else 0,
-        "eval_success_start": eval_success_start,
-        "eval_success_end": eval_success_end,
-        "eval_success_gain": eval_success_end - eval_success_start,
-        "eval_samples": eval_samples,
-        "ess_mean": sum(r["rl/ess"] for r in records) / len(records) if records else 0.0,
-        "ess_min": min((r["rl/ess"] for r in records), default=0.0),
-        "lag_mean": weighted("lag/mean"),
-        "lag_max": max((r["lag/max"] for r in records), default=0),
-        "inflight_sequences": sum(r["inflight_sequences"] for r in records),
-        "samples_trained": sum(r["samples"] for r in records),
-        "tokens_trained": tokens,
-        "reward_mean_first": records[0]["rl/reward_mean"] if records else 0.0,
-        "reward_mean_last": records[-1]["rl/reward_mean"] if records else 0.0,
-        "trainer_wait_fraction": (sum(r["trainer/wait_s"] for r in records) / wall_s) if wall_s else 0.0,
-        "wall_s": wall_s,
-        "tokens_per_s": tokens / wall_s if wall_s else 0.0,
+        registry.S_MODE: mode,
+        registry.S_STEPS: len(records),
+        registry.S_FINAL_POLICY_VERSION: records[-1][registry.POLICY_VERSION] if records else 0,
+        registry.S_EVAL_SUCCESS_START: eval_success_start,
+        registry.S_EVAL_SUCCESS_END: eval_success_end,
+        registry.S_EVAL_SUCCESS_GAIN: eval_success_end - eval_success_start,
+        registry.S_EVAL_SAMPLES: eval_samples,
+        registry.S_ESS_MEAN: sum(r[registry.ESS] for r in records) / len(records) if records else 0.0,
+        registry.S_ESS_MIN: min((r[registry.ESS] for r in records), default=0.0),
+        registry.S_LAG_MEAN: weighted(registry.LAG_MEAN),
+        registry.S_LAG_MAX: max((r[registry.LAG_MAX] for r in records), default=0),
+        registry.S_INFLIGHT_SEQUENCES: sum(r[registry.TRAINER_INFLIGHT_SEQUENCES] for r in records),
+        registry.S_SAMPLES_TRAINED: sum(r[registry.TRAINER_SAMPLES] for r in records),
+        registry.S_TOKENS_TRAINED: tokens,
+        registry.S_REWARD_MEAN_FIRST: records[0][registry.REWARD_MEAN] if records else 0.0,
+        registry.S_REWARD_MEAN_LAST: records[-1][registry.REWARD_MEAN] if records else 0.0,
+        registry.S_TRAINER_WAIT_FRACTION: registry.derive_over(registry.TRAINER_IDLE_FRACTION, records)
+        or 0.0,
+        registry.S_WALL_S: wall_s,
+        registry.S_TOKENS_PER_S: registry.derive_over(registry.TRAINER_TOKENS_PER_S, records) or 0.0,
     }
     summary.update(extra or {})
     return summary

@@ -41,7 +41,13 @@ from typing import Any
 
 import torch
 from filelock import FileLock, Timeout
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    GenerationMixin,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from pipelinerl.tasks import Problem, Task, get_task
 from pipelinerl.tasks.base import reference_completion, safe_score
@@ -138,9 +144,9 @@ def build_tiny_model(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
-    return LlamaForCausalLM(config).to(torch.float32)
+    return LlamaForCausalLM(config).float()
 
 
 @torch.no_grad()
@@ -162,6 +168,8 @@ def evaluate_success(
     """
     if not problems:
         raise ValueError("evaluate_success needs at least one problem")
+    if not isinstance(model, GenerationMixin):  # transformers 5: causal-LM classes generate, not every model
+        raise TypeError(f"evaluate_success needs a model that generates, got {type(model).__name__}")
     was_training = model.training
     model.eval()
     pad_id = pad_token_id(tokenizer)
@@ -186,6 +194,7 @@ def evaluate_success(
             )
             for problem, generated in zip(chunk, output[:, width:].tolist(), strict=True):
                 completion = tokenizer.decode(_until_eos(generated, eos), skip_special_tokens=True)
+                assert isinstance(completion, str)  # one sequence decodes to one string
                 score = safe_score(task, problem, _until_stop(completion, task.stop_strings))
                 total += score.label == "correct"
     finally:

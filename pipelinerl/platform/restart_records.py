@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelinerl.platform.tracking.metric_registry import ACTOR_IN_FLIGHT, QUEUE_ROLLOUTS
+
 RESTARTS_FILE = "restarts.jsonl"
 DISCARDED_DIR = "discarded"
 
@@ -106,13 +108,13 @@ def _lost_in_flight(run_dir: Path, last_trained: int, sequences_per_batch: int) 
     """Rollouts generated but never trained, at the crashed attempt's last records: the preprocessor's
     queue, batches it sent for steps the trainer never finished, and each actor's engine."""
     preprocessor = [json.loads(line) for line in _read(run_dir / "preprocessor.jsonl") if line.strip()]
-    queued = int(preprocessor[-1].get("queue/rollouts", 0)) if preprocessor else 0
+    queued = int(preprocessor[-1].get(QUEUE_ROLLOUTS, 0)) if preprocessor else 0
     untrained_batches = sum(1 for record in preprocessor if _fed_version(record) > last_trained)
     in_engines = 0
     for path in run_dir.glob(ACTOR_FILES):
         records = [json.loads(line) for line in _read(path) if line.strip()]
         if records:
-            in_engines += int(records[-1].get("actor/in_flight", 0))
+            in_engines += int(records[-1].get(ACTOR_IN_FLIGHT, 0))
     return queued + untrained_batches * sequences_per_batch + in_engines
 
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 
+from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.tracking.db import PlatformDatabaseError
 from pipelinerl.ui.queries import NotFound, RunFilter
 from pipelinerl.ui.sampling import DEFAULT_MAX_POINTS, MAX_MAX_POINTS, MIN_MAX_POINTS
@@ -68,6 +69,34 @@ def _check_run_id(run_id: str) -> None:
 @router.get("/health", summary="Whether the platform database answers (the pages poll this)")
 def health(request: Request) -> dict[str, Any]:
     return dashboard(request).health()
+
+
+@router.get("/metrics", summary="Every metric a run writes or shows, with owner, unit and meaning")
+def metrics() -> dict[str, Any]:
+    """The metric registry (``platform/tracking/metric_registry.py``), and the old names of renamed
+    metrics: the names, units and labels the pages print come from here."""
+    return {
+        "metrics": [
+            {
+                "name": m.name,
+                "owner": m.owner,
+                "unit": m.unit,
+                "description": m.description,
+                "kind": m.kind,
+                "pattern": m.is_pattern,
+                "records": sorted(m.records),
+                "mlflow": m.mlflow,
+                "stored": m.stored,
+                "api": m.api or m.column,
+                "inputs": list(m.inputs),
+            }
+            for m in registry.METRICS
+        ],
+        "aliases": {
+            "trainer_records": registry.RECORD_ALIASES["trainer"],
+            "mlflow": {**registry.MLFLOW_ALIASES, **dict(registry.MLFLOW_ALIAS_PATTERNS)},
+        },
+    }
 
 
 @router.get("/runs", summary="Runs, newest first, with status, heartbeat, version, reward, eval, ESS, lag")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.ui.app import UiSettings, create_app
 
 # Endpoints a user's first look at a run page costs (the page, then its five API calls).
@@ -38,8 +39,8 @@ RUN_PAGE_REQUESTS = (
 )
 POSITION_BUCKETS = 16
 CHECKPOINT_EVERY = 25
-MLFLOW_METRICS = ("throughput/actor_tokens_per_s", "actor/idle_fraction", "queue/rollouts")
-EVAL_METRIC = "eval/heldout/pass_at_1"
+MLFLOW_METRICS = (registry.ACTOR_TOKENS_PER_S, registry.ACTOR_IDLE_FRACTION, registry.QUEUE_ROLLOUTS)
+EVAL_METRIC = registry.name_of(registry.EVAL_SET_PASS_AT, set="heldout", k=1)
 EVALUATIONS = 10
 
 
@@ -100,17 +101,17 @@ def fill_synthetic_run(
                 run_id,
                 version,
                 {
-                    "rl/loss": rng.uniform(-0.1, 0.1),
-                    "rl/reward_mean": reward,
-                    "rl/ess": rng.uniform(0.85, 1.0),
-                    "lag/mean": 0.6,
-                    "lag/p50": 0.0,
-                    "lag/p90": 2.0,
-                    "lag/max": 3,
-                    "tokens": sum(histogram),
-                    "samples": 16,
-                    "trainer/step_s": 1.5,
-                    "trainer/wait_s": 0.5,
+                    registry.LOSS: rng.uniform(-0.1, 0.1),
+                    registry.REWARD_MEAN: reward,
+                    registry.ESS: rng.uniform(0.85, 1.0),
+                    registry.LAG_MEAN: 0.6,
+                    registry.LAG_P50: 0.0,
+                    registry.LAG_P90: 2.0,
+                    registry.LAG_MAX: 3,
+                    registry.TRAINER_TOKENS: sum(histogram),
+                    registry.TRAINER_SAMPLES: 16,
+                    registry.TRAINER_STEP_S: 1.5,
+                    registry.TRAINER_WAIT_S: 0.5,
                 },
                 histogram,
                 created_at=at,
@@ -131,11 +132,11 @@ def fill_synthetic_run(
                 round(1.5 * (1 - b / POSITION_BUCKETS) + rng.uniform(0, 0.2), 3) for b in range(16)
             ]
             record = {
-                "policy_version": version,
-                "lag/by_position": by_position,
-                "lag/position_bucket_size": 8,
-                "inflight_sequences": rng.randint(0, 12),
-                "time": at.timestamp(),
+                registry.POLICY_VERSION: version,
+                registry.LAG_BY_POSITION: by_position,
+                registry.LAG_POSITION_BUCKET_SIZE: 8,
+                registry.TRAINER_INFLIGHT_SEQUENCES: rng.randint(0, 12),
+                registry.TIME: at.timestamp(),
             }
             metrics.write(json.dumps(record) + "\n")
         store.finish_run(
@@ -173,7 +174,7 @@ def _mlflow_run(
         success = 0.2 + 0.5 * version / steps
         points.append(MetricPoint(EVAL_METRIC, success + rng.uniform(-0.02, 0.02), version, at))
     restart_at = started.timestamp() + seconds_per_step * (steps // 2)
-    points.append(MetricPoint("run/restarts", 1.0, steps // 2, restart_at))
+    points.append(MetricPoint(registry.RUN_RESTARTS, 1.0, steps // 2, restart_at))
     store.log_metrics(mlflow_run_id, points)
     store.end_run(mlflow_run_id, "FINISHED")
     return mlflow_run_id

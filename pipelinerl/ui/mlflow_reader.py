@@ -5,6 +5,10 @@ update pauses, the rollout queue, held-out evaluations and restarts reach MLflow
 run tracker), so the run page reads their histories here. Read-only: no experiment or run is
 created. Links into MLflow's own UI open the classic (machine-learning) run view: MLflow 3 opens
 its GenAI traces view unless the URL says ``workflowType=machine_learning``.
+
+Metric names come back under their current names (``metric_registry.canonical_metrics``), and a
+history asked for by its current name is read from its old names too (``old_names``), so a run
+logged before the metric renames shows like a new one.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipelinerl.platform.tracking.metric_registry import canonical_metrics, old_names
 from pipelinerl.platform.tracking.mlflow_store import HTTP_RETRY_DEFAULTS
 
 # MLflow 3's UI (checked in 3.17's bundle): workflowType is "machine_learning" or "genai".
@@ -108,25 +113,30 @@ class MlflowReader:
                     experiment_ids, filter_string=f"attributes.run_id IN ({ids})", max_results=len(chunk)
                 ):
                     self._experiment_of_run[run.info.run_id] = str(run.info.experiment_id)
-                    found[run.info.run_id] = dict(run.data.metrics)
+                    found[run.info.run_id] = canonical_metrics(run.data.metrics)
             return found
 
         return self._call(search)
 
     def latest_of_run(self, mlflow_run_id: str) -> dict[str, float]:
         """The run's latest value of each metric (one call, however long the histories)."""
-        return dict(self._call(lambda: self._client.get_run(mlflow_run_id).data.metrics))
+        return canonical_metrics(self._call(lambda: self._client.get_run(mlflow_run_id).data.metrics))
 
     def histories(self, mlflow_run_id: str, keys: Iterable[str]) -> dict[str, list[MetricPoint]]:
-        """The full history of each metric key (absent keys give empty lists), by step then time."""
+        """The full history of each metric key (absent keys give empty lists), by step then time; a key
+        never logged under its current name is read under its old ones."""
 
         def read() -> dict[str, list[MetricPoint]]:
             result: dict[str, list[MetricPoint]] = {}
             for key in keys:
-                points = [
-                    MetricPoint(int(m.step), m.timestamp / 1000.0, float(m.value))
-                    for m in self._client.get_metric_history(mlflow_run_id, key)
-                ]
+                points: list[MetricPoint] = []
+                for name in (key, *old_names(key)):
+                    points = [
+                        MetricPoint(int(m.step), m.timestamp / 1000.0, float(m.value))
+                        for m in self._client.get_metric_history(mlflow_run_id, name)
+                    ]
+                    if points:
+                        break
                 result[key] = sorted(points, key=lambda p: (p.step, p.timestamp_s))
             return result
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import Engine, RowMapping, Select, and_, func, select, tuple_
 
+from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.tracking.db import (
     LagHistogram,
     PolicyVersion,
@@ -27,20 +28,16 @@ from pipelinerl.platform.tracking.db import (
     translate_errors,
 )
 
-# The run page's step columns, in the order the API returns them.
-STEP_COLUMNS = (
-    "reward_mean",
-    "ess",
-    "loss",
-    "lag_mean",
-    "lag_p50",
-    "lag_p90",
-    "lag_max",
-    "tokens",
-    "samples",
-    "step_s",
-    "wait_s",
-)
+# Statistics derived from a step's columns exactly as the tracker derives them for MLflow (trainer
+# tokens/s and idle fraction), by their API field.
+DERIVED_COLUMNS = {m.api: m.name for m in registry.METRICS if m.derive is not None and m.api is not None}
+TRAINER_TOKENS_PER_S_COLUMN = {name: api for api, name in DERIVED_COLUMNS.items()}[
+    registry.TRAINER_TOKENS_PER_S
+]
+BROADCAST_COLUMN = registry.column_of(registry.WEIGHTS_BROADCAST_MS)
+# The run page's step columns, in the order the API returns them: what step_stats keeps, the weight
+# broadcast after the step (policy_versions) and the derived statistics.
+STEP_COLUMNS = (*registry.stored_fields("step_stats"), BROADCAST_COLUMN, *DERIVED_COLUMNS)
 
 
 class NotFound(LookupError):
@@ -73,7 +70,7 @@ class RunListRow:
     reward_mean: float | None  # of the newest step
     ess: float | None  # of the newest step
     lag_max: int | None  # over every step
-    trainer_tokens_per_s: float | None  # of the newest step: tokens / (step + wait seconds)
+    trainer_tokens_per_s: float | None  # of the newest step (metric_registry.trainer_tokens_per_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,22 +176,24 @@ class PlatformReader:
             digest = {row["run_id"]: dict(row) for row in rows}
             if digest:
                 keys = [(run_id, row["version"]) for run_id, row in digest.items()]
-                latest = select(StepStats).where(tuple_(StepStats.run_id, StepStats.version).in_(keys))
+                latest = (
+                    select(StepStats, PolicyVersion.broadcast_ms)
+                    .outerjoin(PolicyVersion, _same_step())
+                    .where(tuple_(StepStats.run_id, StepStats.version).in_(keys))
+                )
                 rows = self._fetch(latest)
-                newest = {row["run_id"]: dict(row) for row in rows}
+                newest = {row["run_id"]: with_derived(dict(row)) for row in rows}
         return [_run_list_row(run, digest.get(run["id"]), newest.get(run["id"])) for run in runs]
 
     # -- one run's series -----------------------------------------------------------------------------
 
     def steps(self, run_id: str, *, first: int | None = None, last: int | None = None) -> list[StepRow]:
         """The steps of a run by policy version (all, or only the ``first`` or the ``last`` few), with
-        the samples trained up to each."""
+        the samples trained up to each, the weight broadcast after each and the statistics derived
+        from them (``DERIVED_COLUMNS``)."""
         query = (
-            select(StepStats, PolicyVersion.samples_trained)
-            .outerjoin(
-                PolicyVersion,
-                and_(PolicyVersion.run_id == StepStats.run_id, PolicyVersion.version == StepStats.version),
-            )
+            select(StepStats, PolicyVersion.samples_trained, PolicyVersion.broadcast_ms)
+            .outerjoin(PolicyVersion, _same_step())
             .where(StepStats.run_id == run_id)
             .order_by(StepStats.version.desc() if last is not None else StepStats.version)
         )
@@ -207,7 +206,7 @@ class PlatformReader:
                 version=row["version"],
                 created_at=row["created_at"],
                 samples_trained=row["samples_trained"],
-                values={column: row[column] for column in STEP_COLUMNS},
+                values=with_derived({column: row[column] for column in STEP_COLUMNS if column in row}),
             )
             for row in rows
         ]
@@ -254,6 +253,17 @@ class PlatformReader:
             return connection.execute(query).mappings().all()
 
 
+def _same_step() -> Any:
+    """The policy version a step produced (its samples trained so far, the broadcast after it)."""
+    return and_(PolicyVersion.run_id == StepStats.run_id, PolicyVersion.version == StepStats.version)
+
+
+def with_derived(values: dict[str, Any]) -> dict[str, Any]:
+    """A step's columns with ``DERIVED_COLUMNS`` added, derived as the tracker derives them."""
+    record = registry.record_of_columns(values)
+    return {**values, **{api: registry.derive(name, record) for api, name in DERIVED_COLUMNS.items()}}
+
+
 def read_only_url(url: str) -> str:
     """A SQLite file opened read-only (SQLite would otherwise create a missing file on connect);
     other URLs as given (the dashboard only ever sends SELECTs)."""
@@ -269,10 +279,6 @@ def read_only_url(url: str) -> str:
 def _run_list_row(
     run: dict[str, Any], digest: dict[str, Any] | None, newest: dict[str, Any] | None
 ) -> RunListRow:
-    tokens_per_s = None
-    if newest is not None and newest.get("tokens") is not None:
-        busy_s = (newest.get("step_s") or 0.0) + (newest.get("wait_s") or 0.0)
-        tokens_per_s = newest["tokens"] / busy_s if busy_s > 0 else None
     return RunListRow(
         id=run["id"],
         name=run["name"],
@@ -292,5 +298,5 @@ def _run_list_row(
         reward_mean=newest["reward_mean"] if newest else None,
         ess=newest["ess"] if newest else None,
         lag_max=digest["lag_max"] if digest else None,
-        trainer_tokens_per_s=tokens_per_s,
+        trainer_tokens_per_s=newest[TRAINER_TOKENS_PER_S_COLUMN] if newest else None,
     )

@@ -2,10 +2,12 @@
 
 The platform database stores each step's lag summary and histogram, but not the trainer's lag by
 token position (``lag/by_position``, the paper's heat map) nor the count of sequences written by
-two or more policy versions (``inflight_sequences``); MLflow does not have them either. They are in
-the trainer's ``metrics.jsonl``. Likewise the preprocessor's ``preprocessor.jsonl`` is the only
-place that says how many batches wait ahead of the trainer. Those files are read here, read-only,
-and incrementally: a poll reads only the bytes appended since the last one.
+two or more policy versions (``trainer/inflight_sequences``); MLflow does not have them either. They
+are in the trainer's ``metrics.jsonl``. Likewise the preprocessor's ``preprocessor.jsonl`` is the
+only place that says how many batches wait ahead of the trainer. Those files are read here,
+read-only, and incrementally: a poll reads only the bytes appended since the last one. A trainer
+record written before the metric renames is read under the current names
+(``metric_registry.canonical_record``).
 """
 
 from __future__ import annotations
@@ -16,9 +18,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelinerl.platform.tracking import metric_registry as registry
+from pipelinerl.platform.tracking.metric_registry import Record, canonical_record
+
 # Keys of a trainer record kept in memory (a record also holds the rollout ids of its step).
-TRAINER_KEYS = ("policy_version", "lag/by_position", "lag/position_bucket_size", "inflight_sequences", "time")
-PREPROCESSOR_KEYS = ("step", "trainer_version", "queue/rollouts", "preprocessor/held_s", "time")
+TRAINER_KEYS = (
+    registry.POLICY_VERSION,
+    registry.LAG_BY_POSITION,
+    registry.LAG_POSITION_BUCKET_SIZE,
+    registry.TRAINER_INFLIGHT_SEQUENCES,
+    registry.TIME,
+)
+PREPROCESSOR_KEYS = (
+    registry.STEP,
+    registry.TRAINER_VERSION,
+    registry.QUEUE_ROLLOUTS,
+    registry.PREPROCESSOR_HELD_S,
+    registry.TIME,
+)
 
 
 def run_directory(config: dict[str, Any], run_id: str, checkpoint_paths: list[str]) -> Path | None:
@@ -54,20 +71,20 @@ class RunFiles:
     def trainer_records(self, run_dir: Path) -> list[dict[str, Any]]:
         """The trainer's records (only ``TRAINER_KEYS``), one per policy version, the first kept
         where a restart wrote a version again (as the launcher does)."""
-        records = self._read(run_dir / "metrics.jsonl", TRAINER_KEYS)
+        records = self._read(run_dir / "metrics.jsonl", TRAINER_KEYS, "trainer")
         seen: set[int] = set()
         unique = []
         for record in records:
-            version = record.get("policy_version")
+            version = record.get(registry.POLICY_VERSION)
             if isinstance(version, int) and version not in seen:
                 seen.add(version)
                 unique.append(record)
         return unique
 
     def preprocessor_records(self, run_dir: Path) -> list[dict[str, Any]]:
-        return self._read(run_dir / "preprocessor.jsonl", PREPROCESSOR_KEYS)
+        return self._read(run_dir / "preprocessor.jsonl", PREPROCESSOR_KEYS, "preprocessor")
 
-    def _read(self, path: Path, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    def _read(self, path: Path, keys: tuple[str, ...], kind: Record) -> list[dict[str, Any]]:
         with self._lock:
             tail = self._tails.get(path)
             if tail is None:
@@ -92,6 +109,7 @@ class RunFiles:
                     except ValueError:
                         continue
                     if isinstance(record, dict):
+                        record = canonical_record(record, kind)
                         tail.records.append({key: record[key] for key in keys if key in record})
                 tail.offset += complete
             return list(tail.records)

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.tracking.db import RUN_STATUSES, PlatformDatabaseError, display_url
 from pipelinerl.platform.tracking.liveness import HEARTBEAT_S
 from pipelinerl.ui.mlflow_reader import MetricPoint, MlflowReader, MlflowUnavailable
@@ -34,21 +35,24 @@ from pipelinerl.ui.series import (
     STAGE_WINDOW,
     ComparedRun,
     comparison_table,
+    eval_series,
     lag_heatmap,
+    rewards_of,
     run_state,
     stage_boxes,
     step_columns,
+    trainer_points,
     training_started_at,
     wall_time_s,
 )
 
-# MLflow metrics of the run page (actor 0's names; other actors carry an "actor<k>:" prefix).
-ACTOR_THROUGHPUT = "throughput/actor_tokens_per_s"
-ACTOR_IDLE = "actor/idle_fraction"
-QUEUE_ROLLOUTS = "queue/rollouts"
-RESTARTS = "run/restarts"
-EVAL_SUCCESS = "eval/success"  # greedy held-out success at the start and the end of a run
-EVAL_PASS_AT_1 = "/pass_at_1"  # eval/<set>/pass_at_1: the in-run evaluations
+# MLflow metrics of the run page (metric_registry: all actors under the plain names, each actor under
+# actor/<k>/...; the reader renames a run's old names).
+ACTOR_THROUGHPUT = registry.ACTOR_TOKENS_PER_S
+ACTOR_IDLE = registry.ACTOR_IDLE_FRACTION
+QUEUE_ROLLOUTS = registry.QUEUE_ROLLOUTS
+RESTARTS = registry.RUN_RESTARTS
+EVAL_SUCCESS = registry.EVAL_SUCCESS  # greedy held-out success at the start and the end of a run
 COMPARE_KINDS = ("compare", "sweep")
 
 
@@ -217,8 +221,8 @@ class Dashboard:
         versions = self.database.policy_versions(run_id)
         first_step = self.database.steps(run_id, first=1)
         recent_steps = self.database.steps(run_id, last=STAGE_WINDOW)
-        samples_at = {v.version: v.samples_trained for v in versions}
-        started = training_started_at(first_step, row.started_at).timestamp()
+        started_at = training_started_at(first_step, row.started_at)
+        started = started_at.timestamp()
         latest, histories = self._mlflow_metrics(row, warnings)
         run_dir = self._run_dir(row, versions)
         trainer_records = self._trainer_records(row, run_dir) if run_dir else []
@@ -231,9 +235,12 @@ class Dashboard:
             actor_tokens_per_s=latest.get(ACTOR_THROUGHPUT),
             actor_idle=latest.get(ACTOR_IDLE),
             rollout_queue=latest.get(QUEUE_ROLLOUTS),
+            by_actor=_by_actor(latest),
             preprocessor_records=preprocessor_records,
         )
-        evals = self._eval_series(histories, started, samples_at)
+        # Each policy version's row is its trainer step's (time, samples); the first step adds the
+        # samples it trained, which place a resumed run's starting policy (comparison.trained_at).
+        evals = eval_series(_evals(histories), trainer_points([*versions, *first_step], started_at))
         pause_phases = [
             {
                 "version": v.version,
@@ -247,9 +254,12 @@ class Dashboard:
             [(p["broadcast_ms"] or 0) + (p["pause_ms"] or 0) for p in pause_phases], max_points
         )
         multi_version = [
-            {"version": int(r["policy_version"]), "sequences": int(r["inflight_sequences"])}
+            {
+                "version": int(r[registry.POLICY_VERSION]),
+                "sequences": int(r[registry.TRAINER_INFLIGHT_SEQUENCES]),
+            }
             for r in trainer_records
-            if "inflight_sequences" in r
+            if registry.TRAINER_INFLIGHT_SEQUENCES in r
         ]
         kept_multi = keep_indices([m["sequences"] for m in multi_version], max_points)
         state = run_state(row.status, row.started_at, row.last_step_at, now, row.heartbeat_at)
@@ -292,28 +302,6 @@ class Dashboard:
             warnings.append(str(error))
             return {}, {}
 
-    @staticmethod
-    def _eval_series(
-        histories: dict[str, list[MetricPoint]], started: float, samples_at: dict[int, int]
-    ) -> list[dict[str, Any]]:
-        series = []
-        for key in sorted(histories):
-            if key == EVAL_SUCCESS or _is_in_run_eval(key):
-                points = histories[key]
-                series.append(
-                    {
-                        "name": key,
-                        "version": [p.step for p in points],
-                        # the evaluation before training (version 0) ran before the trainer started
-                        "wall_s": [0.0 if p.step == 0 else round(p.timestamp_s - started, 3) for p in points],
-                        "samples_trained": [
-                            samples_at.get(p.step, 0 if p.step == 0 else None) for p in points
-                        ],
-                        "value": [p.value for p in points],
-                    }
-                )
-        return series
-
     def _trainer_records(self, row: RunListRow, run_dir: Path) -> list[dict[str, Any]]:
         """The trainer's records up to the newest version the database has: the file is written first
         and the database a flush later, and one page should not show two different newest steps."""
@@ -346,7 +334,7 @@ class Dashboard:
                     run_id=row.id,
                     label=label,
                     mode=row.mode,
-                    rewards=[s.values["reward_mean"] or 0.0 for s in steps],
+                    rewards=rewards_of(steps),
                     wall_s=[(s.created_at - started).total_seconds() for s in steps],
                     samples=[s.samples_trained for s in steps],
                     ess=[s.values["ess"] for s in steps],
@@ -361,10 +349,8 @@ class Dashboard:
                     "mode": row.mode,
                     "status": row.status,
                     "steps": step_columns(steps, started, max_points),
-                    "evals": self._eval_series(
-                        self._mlflow_metrics(row, warnings)[1],
-                        started.timestamp(),
-                        {s.version: s.samples_trained for s in steps if s.samples_trained is not None},
+                    "evals": eval_series(
+                        _evals(self._mlflow_metrics(row, warnings)[1]), trainer_points(steps, started)
                     ),
                 }
             )
@@ -388,8 +374,27 @@ def _labels(rows: Sequence[RunListRow]) -> list[str]:
     return labels
 
 
+def _evals(histories: dict[str, list[MetricPoint]]) -> dict[str, list[MetricPoint]]:
+    """The histories of held-out evaluations (start and end success, in-run pass@1)."""
+    return {key: points for key, points in histories.items() if key == EVAL_SUCCESS or _is_in_run_eval(key)}
+
+
 def _is_in_run_eval(key: str) -> bool:
-    return key.startswith("eval/") and key.endswith(EVAL_PASS_AT_1)
+    """An in-run evaluation's pass@1 (``eval/<set>/pass_at_1``)."""
+    parts = registry.parts_of(registry.EVAL_SET_PASS_AT, key)
+    return parts is not None and parts["k"] == "1"
+
+
+def _by_actor(latest: dict[str, float]) -> list[dict[str, Any]]:
+    """Each actor's latest tokens/s and idle fraction, from its ``actor/<k>/...`` metrics."""
+    fields = {ACTOR_THROUGHPUT: "tokens_per_s", ACTOR_IDLE: "idle_fraction"}
+    actors: dict[int, dict[str, Any]] = {}
+    for key, value in latest.items():
+        labelled = registry.actor_label(key)
+        if labelled is not None and labelled[1] in fields:
+            actor_id, name = labelled
+            actors.setdefault(actor_id, {registry.ACTOR_ID: actor_id})[fields[name]] = value
+    return [actors[actor_id] for actor_id in sorted(actors)]
 
 
 def _latest_eval(latest: dict[str, float]) -> dict[str, Any] | None:

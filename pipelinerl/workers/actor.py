@@ -8,9 +8,12 @@ staging buffers (generation goes on), and then, by mode:
 * ``pipeline``: loads them at once, between two decode steps, keeping in-flight sequences;
 * ``conventional``: the round's G·B samples were generated with frozen weights and the actor is
   waiting; the weights load before the next round;
-* ``async``: the actor keeps its weights until it is ``max_lag`` versions behind, then stops
-  admitting prompts, lets in-flight sequences finish, and loads the newest weights: every
+* ``async``: the actor keeps its weights until it is ``run.async_drain_lag`` versions behind, then
+  stops admitting prompts, lets in-flight sequences finish, and loads the newest weights: every
   sequence is written by one version.
+
+How many groups to admit, when a drain starts and ends, when a round is over: ``admission.py``
+(pure, unit-tested); the loops here only call it.
 
 Engines (``actor.engine``): ``transformers`` runs in this process, which is then the weight-group
 member and stages the tensors itself. ``vllm`` runs in vLLM's own processes, whose workers are the
@@ -28,6 +31,38 @@ Each weight update the actor loads appends a record to ``actor<k>.jsonl`` in the
 the update pause, tokens/s and the idle fraction since the previous update (time blocked on a full
 rollout queue, waiting for weights, or with nothing in flight).
 
+Threads, and who owns what:
+
+* **main** (``run``: ``run_pipeline`` or ``run_conventional``): the generation loop. It alone submits
+  to and polls the engine, so ``engine.num_in_flight`` changes only here; it owns ``pending``, the
+  prompt stream and ``prompt_position``, ``eval_schedule``, the rollout socket, ``tokens_generated``
+  and the idle clock (``idle_s``, ``idle_started``). In async mode it also loads the staged weights
+  after a drain (``apply_staged``, under ``staged.lock``).
+* **weights** (``receive_weights``): the notice socket and, with transformers, the weight group. It
+  stages each update (``staged``, under ``staged.lock``) and, in pipeline and conventional modes,
+  loads it at once, still under ``staged.lock`` (so a newer update is never staged in the middle of
+  a load); then it notifies ``weights_ready``. If it fails it sets ``weights_error``, then ``stop``.
+* **the engine's own** (transformers' generation loop, or vLLM's asyncio loop): inside the engine,
+  whose lock orders a version switch against ``submit`` and ``poll``.
+
+Shared between main and weights:
+
+* ``staged``: under ``staged.lock``. The main thread of an async run reads ``staged.version``
+  without it to decide on a drain: a read one update stale only delays the drain by one turn.
+* ``engine.policy_version``: written inside ``update_weights`` by the one thread that loads in the
+  run's mode (weights thread; main thread in async mode); read by the main thread (eval schedule,
+  round start, ``wait_for_version``).
+* ``weights_ready`` (a condition): the main thread of a conventional run waits on it for the next
+  round's weights; the weights thread notifies it after every update, and ``stop`` (``StopFlag``)
+  on setting, so a stop wakes the waiter.
+* ``stop``: set by either thread (a ``Shutdown`` notice, a failed weights thread, the end of ``run``).
+* ``pause_seconds``, ``_last_report`` and the ``actor<k>.jsonl`` writer: written by ``loaded`` and
+  ``report``, on the thread that loads (one per mode); ``pause_seconds`` is read by the main thread
+  for its closing log line, after it has stopped the weights thread and joined it (5 s at most).
+* ``tokens_generated``, ``idle_s`` and ``idle_started``: written by the main thread and read by
+  ``report`` without a lock (on the weights thread, except in async mode). The values are
+  cumulative, so a report that reads them in the middle of a change is made up by the next one.
+
 Run: ``python -m pipelinerl.workers.actor --run-dir runs/<id> --actor-id 0`` (the launcher does).
 """
 
@@ -35,14 +70,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,12 +86,24 @@ from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
 from pipelinerl.tasks.base import Problem
-from pipelinerl.workers.engines.protocol import CompletedSequence
+from pipelinerl.workers.admission import (
+    continuous_admission,
+    conventional_round,
+    loads_on_receipt,
+    runs_rounds,
+    wait_over,
+)
+from pipelinerl.workers.engines.protocol import CompletedSequence, Engine, WeightHolder, WorkersEngine
 from pipelinerl.workers.evaluation import EvalSchedule, eval_group_id
+from pipelinerl.workers.prompt_stream import prompt_stream
+from pipelinerl.workers.staged_weights import StagedWeights
 
 if TYPE_CHECKING:
+    import torch
+
     from pipelinerl.platform.curve_keys import CurveKeys
     from pipelinerl.platform.transport import Sender
+    from pipelinerl.platform.weights import WeightGroup
 
 logger = logging.getLogger("pipelinerl.actor")
 
@@ -73,41 +118,6 @@ class PendingSample:
     group_id: str
     group_size: int
     split: str = "train"
-
-
-def prompt_stream(
-    problems: list[Problem], seed: int, actor_id: int, num_actors: int, start: int = 0
-) -> Iterator[Problem]:
-    """Train problems in a seeded order, epoch after epoch; actor k takes every num_actors-th, from
-    its ``start``-th on (a resumed run goes on where its checkpoint's policy left the stream)."""
-
-    def every_epoch() -> Iterator[Problem]:
-        for epoch in itertools.count():
-            order = np.random.default_rng([seed, epoch]).permutation(len(problems))
-            for index in order[actor_id::num_actors]:
-                yield problems[int(index)]
-
-    return itertools.islice(every_epoch(), start, None)
-
-
-class StagedWeights:
-    """The newest weights received, waiting to be loaded into the engine."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.version = -1
-        self.names: list[str] = []
-        self.tensors: list = []  # list[torch.Tensor]
-        self.in_engine = False  # vllm: the engine's workers hold the staged tensors
-
-    def load_into(self, target) -> None:  # type: ignore[no-untyped-def]
-        """``target``: the transformers model, or the vLLM engine's workers."""
-        if self.in_engine:
-            target.load_received()
-            return
-        parameters = dict(target.named_parameters())
-        for name, tensor in zip(self.names, self.tensors, strict=True):
-            parameters[name].data.copy_(tensor)
 
 
 class StopFlag:
@@ -194,9 +204,11 @@ class Actor:
         max_prompt_tokens = max(len(self.encode(p)) for p in [*problems, *eval_problems])
         transport = config.transport
         # The transformers engine's weight-group member is this process; the vllm engine's, its workers.
-        self.weight_group = None
+        self.weight_group: WeightGroup | None = None
+        self.workers_engine: WorkersEngine | None = None  # vllm: the engine, as its workers' side
+        self.engine: Engine[WeightHolder]
         if config.actor.engine == "vllm":
-            self.engine = self._vllm_engine(model_path, max_prompt_tokens)
+            self.engine = self.workers_engine = self._vllm_engine(model_path, max_prompt_tokens)
         else:
             self.engine = self._transformers_engine(model_path, max_prompt_tokens)
             from pipelinerl.platform.weights import WeightGroup
@@ -241,7 +253,7 @@ class Actor:
         self.metrics = JsonlWriter(run_dir / f"actor{actor_id}.jsonl")
         self._last_report = (time.monotonic(), 0, 0.0)  # (when, tokens, idle seconds)
 
-    def _transformers_engine(self, model_path: Path, max_prompt_tokens: int):  # type: ignore[no-untyped-def]
+    def _transformers_engine(self, model_path: Path, max_prompt_tokens: int) -> Engine[torch.nn.Module]:
         from transformers import AutoModelForCausalLM
 
         from pipelinerl.workers.engines.transformers_engine import TransformersEngine
@@ -267,7 +279,7 @@ class Actor:
             policy_version=starting_version(self.config.run.resume_from),
         )
 
-    def _vllm_engine(self, model_path: Path, max_prompt_tokens: int):  # type: ignore[no-untyped-def]
+    def _vllm_engine(self, model_path: Path, max_prompt_tokens: int) -> WorkersEngine:
         try:
             from pipelinerl.workers.engines.vllm_engine import VLLMEngine, WeightGroupAddress
         except ImportError as error:
@@ -321,7 +333,10 @@ class Actor:
 
         while not self.stop.is_set():
             notice = self.notices.recv(timeout_s=0.2)
-            if isinstance(notice, WeightUpdate):
+            if isinstance(notice, Shutdown):
+                logger.info("shutdown: %s", notice.reason)
+                self.stop.set()
+            elif isinstance(notice, WeightUpdate):
                 problem = weight_update_problem(
                     notice.parameter_names,
                     notice.parameter_shapes,
@@ -330,21 +345,22 @@ class Actor:
                 )
                 if problem is not None:
                     raise WeightUpdateRefused(f"weight update v{notice.policy_version} refused: {problem}")
-            if isinstance(notice, Shutdown):
-                logger.info("shutdown: %s", notice.reason)
-                self.stop.set()
-            elif isinstance(notice, WeightUpdate) and self.weight_group is None:
-                self.receive_into_engine(notice)
-            elif isinstance(notice, WeightUpdate):
-                buffers = list(self.weight_group.receive(notice.parameter_shapes, notice.parameter_dtypes))
-                with self.staged.lock:
-                    self.staged.version = notice.policy_version
-                    self.staged.names = list(notice.parameter_names)
-                    self.staged.tensors = buffers
-                if self.config.run.mode != "async":
-                    self.apply_staged()
-                with self.weights_ready:
-                    self.weights_ready.notify_all()
+                if self.weight_group is not None:
+                    self.receive_into_staging(self.weight_group, notice)
+                elif self.workers_engine is not None:
+                    self.receive_into_engine(self.workers_engine, notice)
+
+    def receive_into_staging(self, weight_group: WeightGroup, notice: WeightUpdate) -> None:
+        """transformers: this process receives the tensors from the weight group into ``staged``."""
+        buffers = list(weight_group.receive(notice.parameter_shapes, notice.parameter_dtypes))
+        with self.staged.lock:
+            self.staged.version = notice.policy_version
+            self.staged.names = list(notice.parameter_names)
+            self.staged.tensors = buffers
+        if loads_on_receipt(self.config.run.mode):
+            self.apply_staged()
+        with self.weights_ready:
+            self.weights_ready.notify_all()
 
     def apply_staged(self) -> None:
         with self.staged.lock:
@@ -353,15 +369,15 @@ class Actor:
             pause = self.engine.update_weights(self.staged.version, self.staged.load_into)
         self.loaded(pause)
 
-    def receive_into_engine(self, notice: WeightUpdate) -> None:
+    def receive_into_engine(self, engine: WorkersEngine, notice: WeightUpdate) -> None:
         """vllm: the engine's workers take the tensors from the weight group themselves."""
         tensors = (list(notice.parameter_names), notice.parameter_shapes, notice.parameter_dtypes)
-        if self.config.run.mode == "async":  # staged in the workers, loaded when the actor drains
+        if not loads_on_receipt(self.config.run.mode):  # staged in the workers, loaded when the actor drains
             # Receiving replaces the workers' staged tensors: it must not interleave with a load of the
             # previous ones (apply_staged, under the same lock), or that load would take these tensors
             # under the older version's label and leave nothing staged for this version.
             with self.staged.lock:
-                self.engine.receive_weights(*tensors)
+                engine.receive_weights(*tensors)
                 self.staged.version = notice.policy_version
                 self.staged.in_engine = True
             logger.info(
@@ -371,7 +387,7 @@ class Actor:
         else:
             with self.staged.lock:
                 self.staged.version = notice.policy_version
-                pause = self.engine.update_weights(
+                pause = engine.update_weights(
                     notice.policy_version, lambda workers: workers.receive_and_load(*tensors)
                 )
             self.loaded(pause)
@@ -397,18 +413,20 @@ class Actor:
         then, tokens_then, idle_then = self._last_report
         self._last_report = (now, tokens, idle)
         elapsed = max(now - then, 1e-9)
+        from pipelinerl.platform.tracking import metric_registry as registry
+
         self.metrics.write(
             {
-                "actor_id": self.actor_id,
-                "policy_version": self.engine.policy_version,
-                "time": time.time(),
-                "weights/update_pause_ms": 1000 * pause_s,
-                "throughput/actor_tokens_per_s": (tokens - tokens_then) / elapsed,
-                "actor/idle_fraction": min(1.0, (idle - idle_then) / elapsed),
-                "actor/in_flight": self.engine.num_in_flight,
-                "actor/tokens_generated": tokens,
-                "actor/malformed": self.notices.malformed_count,
-                "actor/notices_lost": self.notices.lost_count,
+                registry.ACTOR_ID: self.actor_id,
+                registry.POLICY_VERSION: self.engine.policy_version,
+                registry.TIME: time.time(),
+                registry.UPDATE_PAUSE_MS: 1000 * pause_s,
+                registry.ACTOR_TOKENS_PER_S: (tokens - tokens_then) / elapsed,
+                registry.ACTOR_IDLE_FRACTION: min(1.0, (idle - idle_then) / elapsed),
+                registry.ACTOR_IN_FLIGHT: self.engine.num_in_flight,
+                registry.ACTOR_TOKENS_GENERATED: tokens,
+                registry.ACTOR_MALFORMED: self.notices.malformed_count,
+                registry.ACTOR_NOTICES_LOST: self.notices.lost_count,
             }
         )
 
@@ -442,8 +460,7 @@ class Actor:
         tokens' behaviour log-probs exactly as sampled."""
         from pipelinerl.tasks.prompting import cut_at_stop
 
-        decode = partial(self.tokenizer.decode, skip_special_tokens=True)
-        keep = cut_at_stop(sequence.completion_token_ids, decode, self.stop_strings)
+        keep = cut_at_stop(sequence.completion_token_ids, self.decode, self.stop_strings)
         if keep is None:
             return sequence
         return replace(
@@ -453,6 +470,13 @@ class Actor:
             token_versions=sequence.token_versions[:keep],
             finished=True,
         )
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of one sequence's tokens, special tokens left out."""
+        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        if not isinstance(text, str):  # a batch of sequences decodes to a list; one sequence never does
+            raise TypeError(f"decoding one sequence gave {type(text).__name__}, not its text")
+        return text
 
     def submit_eval_if_due(self) -> None:
         """Submit every eval set (k samples a problem) when an eval round is due at this version."""
@@ -490,9 +514,7 @@ class Actor:
                 behaviour_logprobs=np.asarray(sequence.behaviour_logprobs, dtype=np.float32),
                 token_versions=np.asarray(sequence.token_versions, dtype=np.int32),
                 finished=sequence.finished,
-                completion_text=self.tokenizer.decode(
-                    sequence.completion_token_ids, skip_special_tokens=True
-                ),
+                completion_text=self.decode(sequence.completion_token_ids),
                 created_at=time.time(),
             )
             if self.rollouts.send(rollout, timeout_s=0):
@@ -505,19 +527,13 @@ class Actor:
 
     def run_pipeline(self) -> None:
         """Keep H in flight; pipeline mode loads weights from the receiver thread, async here."""
-        group_size = self.config.rl.group_size
-        max_lag = self.config.run.max_lag
-        draining = False
+        admission = continuous_admission(self.config)
         while not self.stop.is_set():
-            if self.config.run.mode == "async":
-                if self.staged.version - self.engine.policy_version >= max_lag:
-                    draining = True
-                if draining and self.engine.num_in_flight == 0:
-                    self.apply_staged()
-                    draining = False
-            if not draining:
+            if admission.load_now(self.staged.version, self.engine.policy_version, self.engine.num_in_flight):
+                self.apply_staged()
+            if admission.eval_may_start():
                 self.submit_eval_if_due()
-            while not draining and self.engine.num_in_flight + group_size <= self.config.actor.max_in_flight:
+            for _ in range(admission.groups_to_admit(self.engine.num_in_flight)):
                 self.submit_group()
             self.timed_push(timeout_s=0.05)
 
@@ -531,31 +547,27 @@ class Actor:
 
     def run_conventional(self) -> None:
         """Rounds: G·B samples with frozen weights, then wait for the weights after G trainer steps."""
-        steps = self.config.run.steps_per_round
-        round_groups = steps * self.config.rl.batch_size // self.config.rl.group_size
         while not self.stop.is_set():
-            round_version = self.engine.policy_version
+            this_round = conventional_round(self.config, start_version=self.engine.policy_version)
             self.submit_eval_if_due()  # with the round's frozen weights
-            to_submit = round_groups
-            while (to_submit or self.engine.num_in_flight) and not self.stop.is_set():
-                while to_submit and self.engine.num_in_flight + self.config.rl.group_size <= max(
-                    self.config.actor.max_in_flight, self.config.rl.group_size
-                ):
+            while this_round.generating(self.engine.num_in_flight, self.stop.is_set()):
+                for _ in range(this_round.groups_to_admit(self.engine.num_in_flight)):
                     self.submit_group()
-                    to_submit -= 1
                 self.timed_push(timeout_s=0.05)
-            self.wait_for_version(round_version + steps)
+            self.wait_for_version(this_round.next_version)
 
     def wait_for_version(self, version: int) -> None:
         """Block until the engine runs ``version`` (or the run stops)."""
         with self.idle(), self.weights_ready:
-            self.weights_ready.wait_for(lambda: self.stop.is_set() or self.engine.policy_version >= version)
+            self.weights_ready.wait_for(
+                lambda: wait_over(self.engine.policy_version, version, self.stop.is_set())
+            )
 
     def run(self) -> None:
         receiver = threading.Thread(target=self.receive_weights, name="weights", daemon=True)
         receiver.start()
         try:
-            if self.config.run.mode == "conventional":
+            if runs_rounds(self.config.run.mode):
                 self.run_conventional()
             else:
                 self.run_pipeline()

@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.tasks.base import LABELS, Score
 
 _GROUP = re.compile(r"^eval/(?P<set>[A-Za-z0-9_-]+)/v(?P<version>\d+)$")
@@ -105,20 +106,21 @@ def round_record(
         by_problem.setdefault(problem_id, []).append(score)
     correct = {pid: sum(s.label == "correct" for s in group) for pid, group in by_problem.items()}
     labels = Counter(score.label for _, score, _, _ in scores)
+    pass_at_1 = sum(correct[pid] / len(group) for pid, group in by_problem.items()) / len(by_problem)
     record: dict[str, Any] = {
-        "policy_version": version,
-        "set": set_name,
-        "problems": len(by_problem),
-        "samples": samples,
-        "pass@1": sum(correct[pid] / len(group) for pid, group in by_problem.items()) / len(by_problem),
-        "mean_reward": sum(score.reward for _, score, _, _ in scores) / len(scores),
-        "mean_length": sum(length for _, _, length, _ in scores) / len(scores),
-        "mixed_version_fraction": sum(mixed for *_, mixed in scores) / len(scores),
-        "labels": {label: labels[label] for label in LABELS},
-        "time": time.time(),
+        registry.POLICY_VERSION: version,
+        registry.EVAL_SET: set_name,
+        registry.EVAL_PROBLEMS: len(by_problem),
+        registry.EVAL_SAMPLES: samples,
+        registry.name_of(registry.EVAL_PASS_AT, k=1): pass_at_1,
+        registry.EVAL_MEAN_REWARD: sum(score.reward for _, score, _, _ in scores) / len(scores),
+        registry.EVAL_MEAN_LENGTH: sum(length for _, _, length, _ in scores) / len(scores),
+        registry.EVAL_MIXED_VERSION_FRACTION: sum(mixed for *_, mixed in scores) / len(scores),
+        registry.EVAL_LABELS: {label: labels[label] for label in LABELS},
+        registry.TIME: time.time(),
     }
     if samples > 1:
-        record[f"pass@{samples}"] = sum(
+        record[registry.name_of(registry.EVAL_PASS_AT, k=samples)] = sum(
             pass_at_k(len(by_problem[pid]), correct[pid], samples) for pid in by_problem
         ) / len(by_problem)
     return record

@@ -57,7 +57,7 @@ def completion_logprobs(
 
 
 def per_token(
-    sequences: Sequence[TrainSequence], mask: torch.Tensor, field: str, dtype: type
+    sequences: Sequence[TrainSequence], mask: torch.Tensor, field: str, dtype: torch.dtype
 ) -> torch.Tensor:
     """A per-completion-token field of ``sequences`` scattered into the ``mask`` layout."""
     out = torch.zeros(mask.shape, dtype=dtype)

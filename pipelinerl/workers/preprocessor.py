@@ -43,6 +43,7 @@ from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.curve_keys import CurveKeys
 from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.numbering import actor_sender
+from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.transport import Receiver
 from pipelinerl.platform.wire import (
     Rollout,
@@ -365,16 +366,17 @@ def rejection_counts(builder: BatchBuilder, rollouts: Receiver, notices: Receive
     """Everything this stage refused so far, as it goes into ``preprocessor.jsonl`` (running counts)."""
     return {
         # The receivers reject replayed message numbers; the builder, impossible values.
-        "preprocessor/rejected": builder.rejected + rollouts.rejected_count + notices.rejected_count,
-        "preprocessor/malformed": rollouts.malformed_count + notices.malformed_count,
-        "preprocessor/peer_disconnects": rollouts.peer_disconnects,
-        "preprocessor/lost": rollouts.lost_count,
-        "preprocessor/lost_from_actors": rollouts.senders_lost_count,
+        registry.PREPROCESSOR_REJECTED: builder.rejected + rollouts.rejected_count + notices.rejected_count,
+        registry.PREPROCESSOR_MALFORMED: rollouts.malformed_count + notices.malformed_count,
+        registry.PREPROCESSOR_PEER_DISCONNECTS: rollouts.peer_disconnects,
+        registry.PREPROCESSOR_LOST: rollouts.lost_count,
+        registry.PREPROCESSOR_LOST_FROM_ACTORS: rollouts.senders_lost_count,
         # Peers refused in the CurveZMQ handshake (no keys, other keys): none of their frames was read.
-        "preprocessor/unauthenticated": rollouts.unauthenticated_count + notices.unauthenticated_count,
-        "samples/dropped_stale": builder.dropped["stale"],
-        "samples/dropped_zero_variance": builder.dropped["zero_variance"],
-        "samples/dropped_incomplete_group": builder.dropped["incomplete_group"],
+        registry.PREPROCESSOR_UNAUTHENTICATED: rollouts.unauthenticated_count + notices.unauthenticated_count,
+        **{
+            registry.name_of(registry.SAMPLES_DROPPED, reason=reason): builder.dropped[reason]
+            for reason in ("stale", "zero_variance", "incomplete_group")
+        },
     }
 
 
@@ -487,9 +489,9 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
                     eval_records.write(record)
                     logger.info(
                         "eval %s at v%d: pass@1 %.3f",
-                        record["set"],
-                        record["policy_version"],
-                        record["pass@1"],
+                        record[registry.EVAL_SET],
+                        record[registry.POLICY_VERSION],
+                        record[registry.name_of(registry.EVAL_PASS_AT, k=1)],
                     )
             elif isinstance(message, Rollout):
                 for batch in barrier.add(builder.add(message, trainer.version)):
@@ -506,14 +508,18 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
                             return
                     metrics.write(
                         {
-                            "batch_index": batch.batch_index,
-                            "step": step,
-                            "trainer_version": trainer.version,
-                            "preprocessor/held_s": held_s,  # waiting for the trainer to catch up
-                            "time": time.time(),
-                            "queue/rollouts": builder.buffered,
-                            "preprocessor/batches_built": builder.batches_made,
-                            **{f"scores/{label}": builder.labels[label] for label in LABELS},
+                            registry.BATCH_INDEX: batch.batch_index,
+                            registry.STEP: step,
+                            registry.TRAINER_VERSION: trainer.version,
+                            # waiting for the trainer to catch up
+                            registry.PREPROCESSOR_HELD_S: held_s,
+                            registry.TIME: time.time(),
+                            registry.QUEUE_ROLLOUTS: builder.buffered,
+                            registry.PREPROCESSOR_BATCHES_BUILT: builder.batches_made,
+                            **{
+                                registry.name_of(registry.SCORES, label=label): builder.labels[label]
+                                for label in LABELS
+                            },
                             **rejection_counts(builder, rollouts, notices),
                         }
                     )
@@ -534,11 +540,11 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
             json.dumps(
                 {
                     **final,
-                    "preprocessor/received": rollouts.received_count,
+                    registry.PREPROCESSOR_RECEIVED: rollouts.received_count,
                     # Of those, from the actors' own (pinned) streams: 0 would mean pinning missed them.
-                    "preprocessor/received_from_actors": rollouts.senders_received_count,
-                    "preprocessor/batches_built": builder.batches_made,
-                    "time": time.time(),
+                    registry.PREPROCESSOR_RECEIVED_FROM_ACTORS: rollouts.senders_received_count,
+                    registry.PREPROCESSOR_BATCHES_BUILT: builder.batches_made,
+                    registry.TIME: time.time(),
                 }
             )
         )

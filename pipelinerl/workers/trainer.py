@@ -41,6 +41,7 @@ from pipelinerl.platform.checkpoint import (
     write_trained,
 )
 from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.wire import Shutdown, TrainBatch, WeightUpdate, impossible_values
 
 logger = logging.getLogger("pipelinerl.trainer")
@@ -124,9 +125,9 @@ def ess_metrics(
     from pipelinerl.rl.ess import effective_sample_size_from_log_weights
 
     log_ratio = torch.from_numpy(trainer_logprobs.astype(np.float64) - behaviour_logprobs.astype(np.float64))
-    logs = {"rl/ess": log_ratio}
+    logs = {registry.ESS: log_ratio}
     if is_cap is not None:
-        logs["rl/ess_truncated"] = torch.clamp(log_ratio, max=float(np.log(is_cap)))
+        logs[registry.ESS_TRUNCATED] = torch.clamp(log_ratio, max=float(np.log(is_cap)))
     metrics = {}
     for name, log_weights in logs.items():
         try:
@@ -147,11 +148,13 @@ class Trainer:
     def __init__(
         self, config: PipelineConfig, run_dir: Path, rank: int, model_path: Path, device: str = "cpu"
     ) -> None:
-        import deepspeed
         import torch
         from transformers import AutoModelForCausalLM
 
         from pipelinerl.platform.transport import Receiver, Sender, run_keys
+        from pipelinerl.workers.deepspeed_import import import_deepspeed
+
+        deepspeed = import_deepspeed()
         from pipelinerl.platform.weights import MIB, WeightGroup, weight_backend
 
         self.config = config
@@ -297,18 +300,18 @@ class Trainer:
                     break
                 wait_s = time.perf_counter() - wait_started
                 record = self._train_step(batch)
-                record["trainer/wait_s"] = wait_s
-                record["trainer/rejected"] = self.rejected + self.batches.rejected_count  # + replays
-                record["trainer/malformed"] = self.batches.malformed_count
-                record["time"] = time.time()
-                record["wall_s"] = time.time() - started
+                record[registry.TRAINER_WAIT_S] = wait_s
+                record[registry.TRAINER_REJECTED] = self.rejected + self.batches.rejected_count  # + replays
+                record[registry.TRAINER_MALFORMED] = self.batches.malformed_count
+                record[registry.TIME] = time.time()
+                record[registry.WALL_S] = time.time() - started
                 if publishes_after(config, self.policy_version):
-                    record["weights/broadcast_ms"] = 1000 * self._publish()
+                    record[registry.WEIGHTS_BROADCAST_MS] = 1000 * self._publish()
                 every = config.trainer.checkpoint_every
                 if every and self.policy_version % every == 0 and self.policy_version < config.run.max_steps:
                     directory = checkpoint_dir(self.run_dir, self.policy_version)
                     self.save_checkpoint(directory)
-                    record["checkpoint"] = str(directory)
+                    record[registry.CHECKPOINT] = str(directory)
                 if self.rank == 0:
                     metrics_file.write(json.dumps(record) + "\n")
                     metrics_file.flush()
@@ -440,41 +443,41 @@ class Trainer:
         self.samples_trained += len(rewards)
         self.tokens_trained += len(tokens.ratio)
         record: dict[str, Any] = {
-            "step": self.policy_version,
-            "policy_version": self.policy_version,
-            "trained_at_version": trained_at,
-            "rl/loss": float(np.mean([part[4] for part in parts])),
-            "rl/reward_mean": float(rewards.mean()),
+            registry.STEP: self.policy_version,
+            registry.POLICY_VERSION: self.policy_version,
+            registry.TRAINED_AT_VERSION: trained_at,
+            registry.LOSS: float(np.mean([part[4] for part in parts])),
+            registry.REWARD_MEAN: float(rewards.mean()),
             **ess_metrics(
                 tokens.trainer_logprobs,
                 tokens.behaviour_logprobs,
                 config.rl.is_cap if config.rl.loss == "truncated_is" else None,
             ),
-            "rl/clipped_fraction": float(np.mean(clipped)),
-            "lag/mean": lag.mean,
-            "lag/p50": lag.p50,
-            "lag/p90": lag.p90,
-            "lag/max": lag.max,
-            "lag/histogram": lag.histogram,
-            "lag/by_position": lag.mean_by_position,
-            "lag/position_bucket_size": lag.position_bucket_size,
-            "samples": len(rewards),
-            "tokens": len(tokens.ratio),
-            "samples/trained": self.samples_trained,
-            "tokens/trained": self.tokens_trained,
-            "inflight_sequences": sum(1 for span in spans if span > 1),
-            "completion_len_mean": float(np.mean(lengths)),
+            registry.CLIPPED_FRACTION: float(np.mean(clipped)),
+            registry.LAG_MEAN: lag.mean,
+            registry.LAG_P50: lag.p50,
+            registry.LAG_P90: lag.p90,
+            registry.LAG_MAX: lag.max,
+            registry.LAG_HISTOGRAM: lag.histogram,
+            registry.LAG_BY_POSITION: lag.mean_by_position,
+            registry.LAG_POSITION_BUCKET_SIZE: lag.position_bucket_size,
+            registry.TRAINER_SAMPLES: len(rewards),
+            registry.TRAINER_TOKENS: len(tokens.ratio),
+            registry.SAMPLES_TRAINED: self.samples_trained,
+            registry.TOKENS_TRAINED: self.tokens_trained,
+            registry.TRAINER_INFLIGHT_SEQUENCES: sum(1 for span in spans if span > 1),
+            registry.COMPLETION_LEN_MEAN: float(np.mean(lengths)),
             # The step's completion-length distribution (long tails are what in-flight updates win on).
-            "completion_len_p50": float(np.percentile(lengths, 50)),
-            "completion_len_p90": float(np.percentile(lengths, 90)),
-            "completion_len_max": int(np.max(lengths)),
-            "trainer/step_s": time.perf_counter() - step_started,
-            "micro_batches": len(micro_batches),
+            registry.COMPLETION_LEN_P50: float(np.percentile(lengths, 50)),
+            registry.COMPLETION_LEN_P90: float(np.percentile(lengths, 90)),
+            registry.COMPLETION_LEN_MAX: int(np.max(lengths)),
+            registry.TRAINER_STEP_S: time.perf_counter() - step_started,
+            registry.TRAINER_MICRO_BATCHES: len(micro_batches),
             # (rollout id, oldest version that wrote it): the tracking owner fills the rollout ledger.
-            "rollouts": [list(entry) for part in parts for entry in part[5]],
+            registry.ROLLOUTS: [list(entry) for part in parts for entry in part[5]],
         }
         if mismatch is not None:  # absent, not NaN, in a step without a lag-0 token (JSON has no NaN)
-            record["rl/behaviour_mismatch"] = mismatch
+            record[registry.BEHAVIOUR_MISMATCH] = mismatch
         return record
 
     def _gather(self, part: Any) -> list[Any]:

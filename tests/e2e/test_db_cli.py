@@ -38,7 +38,7 @@ def record_a_run(url: str) -> None:
                 RUN_ID,
                 version,
                 {"rl/reward_mean": reward, "rl/ess": 0.875, "lag/mean": 0.5, "lag/p90": 1.0, "lag/max": 2,
-                 "samples": 32},
+                 "trainer/samples": 32},
                 {0: 10, 1: 5, 2: 1},
             )  # fmt: skip
             store.record_policy_version(RUN_ID, version, 32 * version, 900 * version, started)

@@ -2,8 +2,10 @@
 
 The metric is the mean |trainer log-prob - behaviour log-prob| over a step's lag-0 tokens (same
 weights on both sides, ``pipelinerl/rl/mismatch.py``). ``check_behaviour_mismatch`` recomputes it
-from the per-token data the trainer saved for the same step; the vLLM runs
-(``test_vllm_pipeline.py``) call it too.
+from the per-token data the trainer saved for the same step. The run it is checked on is one that
+``test_pipeline.py`` launches anyway (its pipeline-mode run:
+``test_pipeline.py::test_behaviour_mismatch_is_recorded_and_tracked``, which also checks that MLflow
+has the values); the vLLM runs (``test_vllm_pipeline.py``) call it too.
 """
 
 from __future__ import annotations
@@ -11,13 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelinerl.launch.launcher import launch
-from tests.conftest import worker_port
-from tests.integration.test_pipeline import small_config
+from pipelinerl.platform.tracking import metric_registry as metric
 
-pytestmark = pytest.mark.slow
-
-KEY = "rl/behaviour_mismatch"
+KEY = metric.BEHAVIOUR_MISMATCH
 
 
 def check_behaviour_mismatch(result, ranks: int = 1) -> list[float]:
@@ -41,23 +39,3 @@ def check_behaviour_mismatch(result, ranks: int = 1) -> list[float]:
         values.append(record[KEY])
     assert values, "no step had a lag-0 token"
     return values
-
-
-def test_behaviour_mismatch_is_recorded_and_tracked(tmp_path, random_model_dir):
-    port = worker_port(25700)
-    config = small_config(
-        tmp_path, random_model_dir, "run.mode=pipeline", "run.max_steps=3", f"transport.base_port={port}"
-    )
-    result = launch(config)
-    values = check_behaviour_mismatch(result)
-    # Transformers engine and trainer, both float32 on the CPU: only summation order differs.
-    assert max(values) < 1e-3, values
-
-    from mlflow.tracking import MlflowClient
-
-    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
-
-    client = MlflowClient(tracking_uri=mlflow_uri(config))
-    history = client.get_metric_history((result.run_dir / "mlflow_run_id").read_text(), KEY)
-    logged = {record["policy_version"]: record[KEY] for record in result.records if KEY in record}
-    assert {m.step: m.value for m in history} == pytest.approx(logged)

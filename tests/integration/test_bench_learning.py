@@ -41,7 +41,7 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
     record = json.loads(out.read_text())
     assert record["benchmark"] == "learning"
     for key in (
-        "speedup_vs_conventional_g2",
+        "pipeline/times_faster_than_conventional_g2",
         "ess_mean_pipeline",
         "ess_mean_conventional_g2",
         "target_success",
@@ -52,10 +52,12 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
     (start,) = record["start_success_by_seed"].values()
     assert record["target_success"] == pytest.approx(start + 0.10)
     assert record["target_success_by_seed"] == {"0": pytest.approx(start + 0.10)}
-    assert "speedup_vs_conventional_g2_strict" in record
-    assert len(record["speedup_vs_conventional_g2_per_seed"]) == 1
+    assert "pipeline/times_faster_than_conventional_g2_strict" in record
+    assert len(record["pipeline/times_faster_than_conventional_g2_per_seed"]) == 1
+    assert not any(key.startswith("speedup") for key in record), "one name for the ratio"
     rows = {row["variant"]: row for row in record["variants"]}
     assert set(rows) == {"pipeline", "conventional_g2", "conventional_g2_strict"}
+    assert set(rows["pipeline"]["times_faster_than"]) == {"conventional_g2", "conventional_g2_strict"}
     for row in rows.values():  # the numbers behind the paper's claims
         assert 0.0 <= row["multi_version_fraction"] <= 1.0
         assert row["lag_early"] is not None and row["lag_late"] is not None
@@ -64,6 +66,10 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
         versions_evaluated = len(run["points"]) - 1
         assert versions_evaluated == 2, "checkpoints at v2 and v4 (final) were evaluated"
         assert all(math.isfinite(success) and 0 <= success <= 1 for _, _, success in run["points"])
+        # The final policy's success sits where its last step was trained (comparison.trained_at).
+        metrics = (Path(run["run_dir"]) / "metrics.jsonl").read_text()
+        steps = [json.loads(line) for line in metrics.splitlines()]
+        assert run["points"][-1][:2] == [steps[-1]["wall_s"], steps[-1]["samples/trained"]]
     assert record["settings"]["actor_cpus"] != record["settings"]["trainer_cpus"] or os.cpu_count() == 1
     assert "| pipeline |" in done.stdout
     assert out.with_suffix(".png").stat().st_size > 10_000, "the overlay figure beside the record"
@@ -119,3 +125,4 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
     )
     assert len(children) == 3 and all(child.info.status == "FINISHED" for child in children)
+    assert not any(key.startswith("speedup") for key in parent.data.metrics)

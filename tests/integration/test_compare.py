@@ -9,6 +9,7 @@ import pytest
 
 from pipelinerl.launch.compare import run_comparison
 from pipelinerl.platform.config import load_config
+from pipelinerl.platform.tracking.ratios import times_faster
 from tests.conftest import worker_port
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,11 @@ def test_pipeline_against_conventional(tmp_path, random_model_dir):
     assert [row.label for row in result.rows] == ["pipeline", "conventional-G2"]
     assert result.target == 0.0
     pipeline, conventional = result.rows
-    assert pipeline.time_vs_reference == 1.0
+    # One ratio, one direction: each run against the conventional run, its time ÷ the run's.
+    assert conventional.times_faster_than == {"conventional-G2": 1.0}
+    expected = times_faster(run_s=pipeline.time_to_target_s, baseline_s=conventional.time_to_target_s)
+    assert pipeline.times_faster_than == {"conventional-G2": expected}
+    assert pipeline.time_to_target_s == result.results["pipeline"].records[0]["wall_s"]
     assert conventional.time_to_target_s == result.results["conventional-G2"].records[0]["wall_s"]
     assert conventional.ess_mean == result.results["conventional-G2"].summary["ess_mean"]
     assert conventional.lag_max <= 1
@@ -60,6 +65,11 @@ def test_pipeline_against_conventional(tmp_path, random_model_dir):
     table = json.loads(Path(client.download_artifacts(result.mlflow_run_id, "comparison.json")).read_text())
     assert [row["label"] for row in table["modes"]] == ["pipeline", "conventional-G2"]
     assert parent.data.metrics["conventional-G2/ess_mean"] == pytest.approx(conventional.ess_mean)
+    assert table["modes"][0]["times_faster_than"] == pipeline.times_faster_than
+    ratio = pipeline.times_faster_than["conventional-G2"]
+    assert ratio is not None
+    assert parent.data.metrics["pipeline/times_faster_than_conventional-G2"] == pytest.approx(ratio)
+    assert not any("time_vs_reference" in key for key in parent.data.metrics)
 
     store = PlatformStore(database_url(config))
     assert store.get_run(result.comparison_id).run.mode == "compare"

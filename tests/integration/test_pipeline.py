@@ -1,10 +1,22 @@
 """The three stages as real processes over real ZeroMQ, a few steps in each mode.
 
 Each run goes through ``launch`` exactly as ``pipelinerl run`` does: pre-flight, stage processes,
-supervision, evaluation, summary. Runs that only check bookkeeping use a small random model (fast,
-no warm-start); the weight-equality test uses the warm-started one so that training really
-changes the weights. The statistics the trainer logged are recomputed here from the
-per-token data it saved for the same step.
+supervision, evaluation, summary. A run costs about 25 s, nearly all of it process start-up, so
+each run is launched once (a module-scoped fixture) and carries every property it can, each checked
+by a test of its own:
+
+* ``pipeline_run``: pipeline mode on the machine's network address (CurveZMQ beyond loopback) while
+  strangers with and without the run's keys send it garbage; also the run whose
+  ``rl/behaviour_mismatch`` is recomputed.
+* ``zero3_run``: two trainer ranks with ZeRO-3, in conventional mode with training during a round.
+* ``after_round_run``: conventional mode, a round generated before it is trained.
+* ``in_process_actor_run``: the real trainer and preprocessor with the actor in this process, whose
+  logits are compared with the trainer's; one group per batch with ``transport.batches_ahead=1``,
+  so the actor outruns the trainer and is held back.
+* an async run, and an actor alone whose trainer side the test plays.
+
+All use a small random model (fast, no warm start). The statistics the trainer logged are
+recomputed here from the per-token data it saved for the same step.
 """
 
 from __future__ import annotations
@@ -12,16 +24,20 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import zmq
 
-from pipelinerl.launch.launcher import launch
-from pipelinerl.platform.config import load_config
-from tests.conftest import non_loopback_ipv4, worker_port
-from tests.stranger import GARBAGE, send_as_stranger
+from pipelinerl.launch.launcher import RunResult, launch
+from pipelinerl.platform.config import PipelineConfig, load_config
+from pipelinerl.platform.tracking import metric_registry as metric
+from tests.conftest import non_loopback_ipv4, wait_until, worker_port
+from tests.integration.test_behaviour_mismatch import check_behaviour_mismatch
+from tests.stranger import GARBAGE, Delivery, send_as_stranger
 
 pytestmark = pytest.mark.slow
 
@@ -54,12 +70,12 @@ def recompute_step(npz_paths: list[Path]) -> dict:
     ratio = np.exp(trainer - behaviour)
     lags = int(parts[0]["trained_at_version"]) - np.concatenate([p["token_versions"] for p in parts])
     return {
-        "rl/ess": ratio.sum() ** 2 / (len(ratio) * (ratio**2).sum()),
-        "lag/mean": lags.mean(),
-        "lag/p50": np.percentile(lags, 50),
-        "lag/p90": np.percentile(lags, 90),
-        "lag/max": lags.max(),
-        "tokens": len(lags),
+        metric.ESS: ratio.sum() ** 2 / (len(ratio) * (ratio**2).sum()),
+        metric.LAG_MEAN: lags.mean(),
+        metric.LAG_P50: np.percentile(lags, 50),
+        metric.LAG_P90: np.percentile(lags, 90),
+        metric.LAG_MAX: lags.max(),
+        metric.TRAINER_TOKENS: len(lags),
     }
 
 
@@ -72,135 +88,228 @@ def check_records_against_token_data(result, ranks: int = 1) -> None:
             assert record[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (key, record["policy_version"])
 
 
-def test_pipeline_mode_updates_in_flight(tmp_path, random_model_dir):
-    result = launch(small_config(tmp_path, random_model_dir, "run.mode=pipeline"))
-    summary = result.summary
-    assert summary["steps"] == 4 and summary["final_policy_version"] == 4
+@dataclass
+class Run:
+    config: PipelineConfig
+    result: RunResult
+
+    def jsonl(self, name: str) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in (self.result.run_dir / name).read_text().splitlines()]
+
+
+def launch_once(tmp_path_factory: pytest.TempPathFactory, name: str, model_dir: Path, *overrides: str) -> Run:
+    config = small_config(tmp_path_factory.mktemp(name), model_dir, *overrides)
+    return Run(config, launch(config))
+
+
+# --- pipeline mode, beyond loopback, held back, receiving garbage ------------------------------------
+
+
+@dataclass
+class GarbageRun(Run):
+    host: str | None  # the non-loopback address the run was bound on (None: loopback, none found)
+    keys_before_stages: bool  # the launcher had written the run's keys once the preprocessor was up
+    stranger: Delivery  # a keyless peer's garbage to the rollouts port
+    leaked: Delivery  # garbage to the same port from a peer holding the run's keys
+    inbox: Delivery  # a keyless PUSH to the trainer's batch inbox (a PUSH the preprocessor binds)
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(tmp_path_factory, random_model_dir) -> GarbageRun:
+    """Pipeline mode on the machine's network address (loopback where it has none), as a run across
+    nodes has it; five steps, while three peers send the preprocessor garbage."""
+    from pipelinerl.platform.curve_keys import KEYS_DIR, run_keys
+
+    host = non_loopback_ipv4()
+    tmp_path = tmp_path_factory.mktemp("pipeline")
+    config = small_config(
+        tmp_path,
+        random_model_dir,
+        "run.mode=pipeline",
+        "run.max_steps=5",
+        *([f"transport.host={host}"] if host else []),
+    )
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = launch(config, run_id="garbage")
+        except BaseException as error:  # handed to the test below
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        # Its handshake has an outcome once the preprocessor has bound its port.
+        address = config.transport.address("rollouts")
+        stranger = send_as_stranger(address, GARBAGE, handshake_timeout_s=180)
+        # The launcher wrote the keys before any stage started; the preprocessor is up by now, so the
+        # garbage is in its inbox before the run can have trained its five steps.
+        keys_dir = tmp_path / "garbage" / KEYS_DIR
+        keys_before_stages = (keys_dir / "client.key_secret").exists()
+        leaked = send_as_stranger(address, GARBAGE, handshake_timeout_s=180, keys=run_keys(keys_dir.parent))
+        inbox = send_as_stranger(config.transport.trainer_inbox(0), GARBAGE, handshake_timeout_s=60)
+    finally:
+        thread.join(timeout=600)
+    assert not thread.is_alive(), "the run did not finish within 600 s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return GarbageRun(config, outcome["result"], host, keys_before_stages, stranger, leaked, inbox)
+
+
+@pytest.mark.timeout(900)
+def test_pipeline_mode_updates_in_flight(pipeline_run):
+    summary, result = pipeline_run.result.summary, pipeline_run.result
+    assert summary["steps"] == 5 and summary["final_policy_version"] == 5
     assert summary["inflight_sequences"] > 0, "some sequences were written by two or more versions"
-    assert [r["policy_version"] for r in result.records] == [1, 2, 3, 4]
+    assert [r["policy_version"] for r in result.records] == [1, 2, 3, 4, 5]
     check_records_against_token_data(result)
     saved = json.loads((result.run_dir / "summary.json").read_text())
     assert saved["inflight_sequences"] == summary["inflight_sequences"]
     assert (result.run_dir / "final" / "config.json").exists()
 
 
-def test_actors_that_outrun_the_trainer_are_held_back(tmp_path, random_model_dir):
-    """Batches of one group (B=4) while 16 sequences are in flight: the actor finishes four steps'
-    worth at once. With transport.batches_ahead=1 no batch may leave before the trainer has published
-    the version before it, so the data (and its lag) waits upstream instead of queueing."""
-    config = small_config(
-        tmp_path, random_model_dir, "rl.batch_size=4", "run.max_steps=8", "transport.batches_ahead=1"
+@pytest.mark.timeout(900)
+def test_a_peer_without_the_run_keys_is_refused_in_the_handshake(pipeline_run):
+    """Without keys the CurveZMQ server refuses the handshake, so not one frame can reach the stage;
+    the trainer's inbox, a PUSH the preprocessor binds, refuses a stranger's PUSH anyway (the socket
+    types do not pair), so nothing reaches the trainer that way."""
+    assert pipeline_run.stranger.handshake == "refused", pipeline_run.stranger
+    assert pipeline_run.inbox.handshake == "refused", pipeline_run.inbox
+    final = json.loads((pipeline_run.result.run_dir / "preprocessor.final.json").read_text())
+    assert final[metric.PREPROCESSOR_UNAUTHENTICATED] >= 1, final
+
+
+@pytest.mark.timeout(900)
+def test_malformed_frames_are_rejected_and_the_run_continues(pipeline_run):
+    """A peer holding the run's keys (keys that leaked) reaches the decoder, which skips its garbage
+    while the run goes on."""
+    assert pipeline_run.keys_before_stages, "the launcher writes the keys before any stage starts"
+    leaked = pipeline_run.leaked
+    assert (leaked.handshake, leaked.sent) == ("accepted", len(GARBAGE)), leaked
+    result = pipeline_run.result
+    assert result.summary["steps"] == pipeline_run.config.run.max_steps
+    logs = result.run_dir / "logs"
+    assert "skipped a malformed message" in (logs / "preprocessor.log").read_text()
+    assert "skipped a malformed message" not in (logs / "trainer0.log").read_text()
+    final = json.loads((result.run_dir / "preprocessor.final.json").read_text())
+    assert final[metric.PREPROCESSOR_MALFORMED] >= 1, final
+
+
+@pytest.mark.timeout(900)
+def test_no_frame_of_a_refused_peer_reaches_the_decoder(pipeline_run):
+    """The keyless peers sent the same garbage as the leaked one: the preprocessor skipped exactly
+    the frames of the one that holds the keys."""
+    final = json.loads((pipeline_run.result.run_dir / "preprocessor.final.json").read_text())
+    assert final[metric.PREPROCESSOR_MALFORMED] == pipeline_run.leaked.sent, final
+
+
+@pytest.mark.timeout(900)
+def test_a_run_beyond_loopback_is_encrypted_and_refuses_strangers(pipeline_run):
+    """transport.host on the machine's network address, as a run across nodes has it: CurveZMQ, with
+    the run's secret keys readable by its user only (the refused peer: the tests above)."""
+    if pipeline_run.host is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    assert pipeline_run.config.transport.host == pipeline_run.host
+    assert not pipeline_run.config.transport.is_loopback
+    assert pipeline_run.stranger.handshake == "refused", pipeline_run.stranger
+    keys = pipeline_run.result.run_dir / "keys" / "client.key_secret"
+    assert oct(keys.stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.timeout(900)
+def test_behaviour_mismatch_is_recorded_and_tracked(pipeline_run):
+    """``rl/behaviour_mismatch``: the trainer's value equals a numpy recomputation, and MLflow has it."""
+    from mlflow.tracking import MlflowClient
+
+    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
+
+    result = pipeline_run.result
+    values = check_behaviour_mismatch(result)
+    # Transformers engine and trainer, both float32 on the CPU: only summation order differs.
+    assert max(values) < 1e-3, values
+    key = metric.BEHAVIOUR_MISMATCH
+    client = MlflowClient(tracking_uri=mlflow_uri(pipeline_run.config))
+    history = client.get_metric_history((result.run_dir / "mlflow_run_id").read_text(), key)
+    logged = {record["policy_version"]: record[key] for record in result.records if key in record}
+    assert {m.step: m.value for m in history} == pytest.approx(logged)
+
+
+# --- conventional mode; two trainer ranks with ZeRO-3 ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def zero3_run(tmp_path_factory, random_model_dir) -> Run:
+    """Data parallel over two DeepSpeed ranks with ZeRO-3, in conventional mode (G=2), the trainer
+    taking a round's first step while the actor still generates the rest."""
+    return launch_once(
+        tmp_path_factory,
+        "zero3",
+        random_model_dir,
+        "trainer.num_processes=2",
+        "trainer.zero_stage=3",
+        "run.mode=conventional",
+        "run.steps_per_round=2",
+        "run.train_during_round=true",
     )
-    result = launch(config)
-    sent = [json.loads(line) for line in (result.run_dir / "preprocessor.jsonl").read_text().splitlines()]
-    # Steps 0..7 were trained; one more batch may have left as the trainer finished.
-    assert [r["step"] for r in sent] in (list(range(8)), list(range(9)))
-    assert all(r["step"] <= r["trainer_version"] for r in sent), sent
-    # How many batches the bound holds depends on how sequences finish against the trainer's pace (CI,
-    # on a loaded machine, saw one held of eight): at least one shows the bound acting.
-    assert any(r["preprocessor/held_s"] > 0.01 for r in sent), "the bound was reached and held a batch"
 
 
-@pytest.mark.parametrize("train_during_round", [True, False])
-def test_conventional_mode_never_mixes_versions(tmp_path, random_model_dir, train_during_round):
-    config = small_config(
-        tmp_path,
+@pytest.fixture(scope="module")
+def after_round_run(tmp_path_factory, random_model_dir) -> Run:
+    """Conventional mode (G=2): generation, then training, as the paper's baseline runs."""
+    return launch_once(
+        tmp_path_factory,
+        "after-round",
         random_model_dir,
         "run.mode=conventional",
         "run.steps_per_round=2",
-        f"run.train_during_round={str(train_during_round).lower()}",
+        "run.train_during_round=false",
     )
-    result = launch(config)
-    summary = result.summary
+
+
+@pytest.mark.timeout(900)
+def test_two_trainer_ranks_with_zero3(zero3_run):
+    """Data parallel over two DeepSpeed ranks: statistics cover both ranks' tokens."""
+    result, config = zero3_run.result, zero3_run.config
+    assert result.summary["steps"] == 4 and result.summary["final_policy_version"] == 4
+    check_records_against_token_data(result, ranks=2)
+    assert all(record[metric.TRAINER_SAMPLES] == config.rl.batch_size for record in result.records)
+    assert (result.run_dir / "final" / "model.safetensors").exists()
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("run_name", "ranks"), [("zero3_run", 2), ("after_round_run", 1)], ids=["during_round", "after_round"]
+)
+def test_conventional_mode_never_mixes_versions(run_name, ranks, request):
+    run: Run = request.getfixturevalue(run_name)
+    summary, config = run.result.summary, run.config
     assert summary["steps"] == 4
     assert summary["inflight_sequences"] == 0
     assert summary["lag_max"] <= config.run.steps_per_round - 1
     # Round structure: the first step of each round trains fresh samples, the second 1-step-old ones.
-    assert [r["lag/max"] for r in result.records] == [0, 1, 0, 1]
-    check_records_against_token_data(result)
-    if not train_during_round:
-        # Generation, then training: a round's first batch leaves only once the whole round is built.
-        sent = [json.loads(line) for line in (result.run_dir / "preprocessor.jsonl").read_text().splitlines()]
-        for record in sent:
-            round_end = (record["step"] // 2 + 1) * 2
-            assert record["preprocessor/batches_built"] >= round_end, record
+    assert [r[metric.LAG_MAX] for r in run.result.records] == [0, 1, 0, 1]
+    check_records_against_token_data(run.result, ranks=ranks)
+
+
+def test_generation_then_training_sends_a_round_only_once_it_is_built(after_round_run):
+    """run.train_during_round=false: a round's first batch leaves only once the whole round is built."""
+    for record in after_round_run.jsonl("preprocessor.jsonl"):
+        round_end = (record["step"] // 2 + 1) * 2
+        assert record[metric.PREPROCESSOR_BATCHES_BUILT] >= round_end, record
+
+
+# --- async mode ---------------------------------------------------------------------------------------
 
 
 def test_async_mode_writes_each_sequence_with_one_version(tmp_path, random_model_dir):
-    result = launch(small_config(tmp_path, random_model_dir, "run.mode=async", "run.max_lag=1"))
+    result = launch(small_config(tmp_path, random_model_dir, "run.mode=async", "run.async_drain_lag=1"))
     assert result.summary["steps"] == 4
     assert result.summary["inflight_sequences"] == 0
     check_records_against_token_data(result)
 
 
-def test_two_trainer_ranks_with_zero3(tmp_path, random_model_dir):
-    """Data parallel over two DeepSpeed ranks: statistics cover both ranks' tokens."""
-    config = small_config(
-        tmp_path, random_model_dir, "trainer.num_processes=2", "trainer.zero_stage=3", "run.max_steps=3"
-    )
-    result = launch(config)
-    assert result.summary["steps"] == 3 and result.summary["final_policy_version"] == 3
-    check_records_against_token_data(result, ranks=2)
-    assert all(record["samples"] == config.rl.batch_size for record in result.records)
-    assert (result.run_dir / "final" / "model.safetensors").exists()
-
-
-def test_malformed_frames_are_rejected_and_the_run_continues(tmp_path, random_model_dir):
-    """On loopback a stranger without the run's keys is refused in the handshake; a peer holding them
-    (keys that leaked) reaches the decoder, which skips its garbage while the run goes on."""
-    from pipelinerl.platform.curve_keys import KEYS_DIR, run_keys
-
-    config = small_config(tmp_path, random_model_dir, "run.mode=pipeline", "run.max_steps=5")
-    outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(result=launch(config, run_id="garbage")))
-    thread.start()
-    try:
-        # Its handshake has an outcome once the preprocessor has bound its port.
-        stranger = send_as_stranger(config.transport.address("rollouts"), GARBAGE, handshake_timeout_s=180)
-        assert stranger.handshake == "refused", stranger
-        # The launcher wrote the keys before any stage started; the preprocessor is up by now, so the
-        # garbage is in its inbox before the run can have trained its five steps.
-        keys_dir = tmp_path / "garbage" / KEYS_DIR
-        assert (keys_dir / "client.key_secret").exists()
-        address, keys = config.transport.address("rollouts"), run_keys(keys_dir.parent)
-        rollouts = send_as_stranger(address, GARBAGE, handshake_timeout_s=180, keys=keys)
-        assert (rollouts.handshake, rollouts.sent) == ("accepted", len(GARBAGE)), rollouts
-        # The trainer's inbox is a PUSH the preprocessor binds: ZeroMQ refuses a stranger's PUSH in
-        # the handshake (the socket types do not pair), so nothing reaches the trainer that way.
-        inbox = send_as_stranger(config.transport.trainer_inbox(0), GARBAGE, handshake_timeout_s=60)
-        assert inbox.handshake == "refused", inbox
-    finally:
-        thread.join(timeout=300)
-    assert not thread.is_alive(), "the run did not finish within 300 s"
-    result = outcome["result"]
-    assert result.summary["steps"] == 5
-    logs = result.run_dir / "logs"
-    assert "skipped a malformed message" in (logs / "preprocessor.log").read_text()
-    assert "skipped a malformed message" not in (logs / "trainer0.log").read_text()
-    final = json.loads((result.run_dir / "preprocessor.final.json").read_text())
-    assert final["preprocessor/unauthenticated"] >= 1 and final["preprocessor/malformed"] >= 1, final
-
-
-def test_a_run_beyond_loopback_is_encrypted_and_refuses_strangers(tmp_path, random_model_dir):
-    """transport.host on the machine's network address, as a run across nodes has it: CurveZMQ."""
-    host = non_loopback_ipv4()
-    if host is None:
-        pytest.skip("this machine has no non-loopback IPv4 address")
-    config = small_config(tmp_path, random_model_dir, f"transport.host={host}", "run.max_steps=5")
-    outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(result=launch(config, run_id="curve")))
-    thread.start()
-    try:
-        # No keys: the CurveZMQ server refuses the handshake, so not one frame can reach the stage.
-        stranger = send_as_stranger(config.transport.address("rollouts"), GARBAGE, handshake_timeout_s=180)
-        assert stranger.handshake == "refused", stranger
-    finally:
-        thread.join(timeout=300)
-    assert not thread.is_alive(), "the run did not finish within 300 s"
-    result = outcome["result"]
-    assert result.summary["steps"] == 5 and result.summary["inflight_sequences"] > 0
-    assert oct((result.run_dir / "keys" / "client.key_secret").stat().st_mode & 0o777) == "0o600"
-    assert "skipped a malformed message" not in (result.run_dir / "logs" / "preprocessor.log").read_text()
+# --- the actor alone; the actor in this process ------------------------------------------------------
 
 
 def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random_model_dir):
@@ -214,13 +323,12 @@ def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random
 
     from pipelinerl.launch.launcher import preflight
     from pipelinerl.launch.stages import build_stages, stop_stages
+    from pipelinerl.platform.curve_keys import create_curve_keys, run_keys
     from pipelinerl.platform.transport import Receiver, Sender
     from pipelinerl.platform.weights import WeightGroup, dtype_name
     from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
 
     config = small_config(tmp_path, random_model_dir, "run.mode=pipeline")
-    from pipelinerl.platform.curve_keys import create_curve_keys, run_keys
-
     preflight(config)
     run_dir = tmp_path / "actor-alone"
     run_dir.mkdir()
@@ -236,12 +344,14 @@ def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random
         first = rollouts.recv(timeout_s=120)
         assert isinstance(first, Rollout), actor.log_tail()
         log = run_dir / "logs" / "actor0.log"
-        deadline = time.monotonic() + 60
-        while "malformed" not in log.read_text() and time.monotonic() < deadline:
+
+        def garbage_seen() -> bool:
+            # A SUB may join late (slow joiner): the garbage goes out again until the actor logs it.
             notices.socket.send_multipart([b"\xc1garbage", b"0"])
             notices.socket.send(b"not msgpack at all")
-            time.sleep(0.2)
-        assert "malformed" in log.read_text(), "the actor never saw the garbage notices"
+            return "malformed" in log.read_text()
+
+        wait_until(garbage_seen, 180, "the actor to log the garbage notices as malformed", interval_s=0.2)
 
         model = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
         named = list(model.named_parameters())
@@ -257,13 +367,17 @@ def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random
             )
         )
         group.send(tensors)
-        deadline = time.monotonic() + 120
-        newest = 0
-        while newest < 1 and time.monotonic() < deadline:
+
+        def newest_version_written() -> int | None:
             rollout = rollouts.recv(timeout_s=5)
             if isinstance(rollout, Rollout) and len(rollout.token_versions):
-                newest = max(newest, int(rollout.token_versions.max()))
-        assert newest == 1, "no token was written by the update sent after the garbage"
+                return int(rollout.token_versions.max()) or None
+            return None
+
+        newest = wait_until(
+            newest_version_written, 240, "a token written by the update sent after the garbage", interval_s=0
+        )
+        assert newest == 1, f"a token of version {newest}: only version 1 was ever sent"
         notices.send(Shutdown(reason="test done"))
         assert actor.process.wait(timeout=60) == 0, actor.log_tail()
     finally:
@@ -273,41 +387,82 @@ def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random
         context.term()
 
 
-# Its setup may train the session's warm start (about 2.5 minutes on a busy 2-core machine).
-@pytest.mark.timeout(600)
-def test_actor_logits_equal_trainer_logits_after_updates(tmp_path, warm_model_dir):
-    """Real trainer and preprocessor processes; the actor runs here so its model can be inspected."""
-    import torch
-    from transformers import AutoModelForCausalLM
+@dataclass
+class InProcessRun:
+    config: PipelineConfig
+    run_dir: Path
+    actor: Any  # pipelinerl.workers.actor.Actor, after its run: its engine holds the final weights
 
+
+@pytest.fixture(scope="module")
+def in_process_actor_run(tmp_path_factory, random_model_dir) -> InProcessRun:
+    """Real trainer and preprocessor processes; the actor runs here so its model can be inspected.
+
+    A random model solves no sum, so every reward would be 0 and every advantage too: with
+    ``rl.truncated=penalise`` a completion cut at ``actor.max_new_tokens`` earns -1 and one that ends
+    earns 0, so groups differ, the gradient is real and training changes the weights (a larger
+    learning rate than the default makes the change plain in the logits). Batches of one group (B=4)
+    while 16 sequences are in flight, with ``transport.batches_ahead=1``: the actor finishes four
+    steps' worth at once and is held back."""
     from pipelinerl.launch.launcher import preflight
     from pipelinerl.launch.stages import build_stages, stop_stages
     from pipelinerl.platform.curve_keys import create_curve_keys
     from pipelinerl.workers.actor import Actor
 
-    config = small_config(tmp_path, warm_model_dir, "run.mode=pipeline", "run.max_steps=3")
+    tmp_path = tmp_path_factory.mktemp("in-process-actor")
+    config = small_config(
+        tmp_path,
+        random_model_dir,
+        "run.mode=pipeline",
+        "rl.batch_size=4",
+        "run.max_steps=8",
+        "transport.batches_ahead=1",
+        "rl.truncated=penalise",
+        "trainer.learning_rate=1e-3",
+    )
     preflight(config)
     run_dir = tmp_path / "in-process-actor"
     run_dir.mkdir()
     (run_dir / "config.json").write_text(config.model_dump_json())
     create_curve_keys(run_dir)  # as the launcher does: every stage authenticates its peers
-    stages = [s for s in build_stages(config, run_dir, warm_model_dir) if not s.name.startswith("actor")]
+    stages = [s for s in build_stages(config, run_dir, random_model_dir) if not s.name.startswith("actor")]
     try:
         for stage in stages:
             stage.start(cwd=Path.cwd())
-        actor = Actor(config, run_dir, 0, warm_model_dir)
+        actor = Actor(config, run_dir, 0, random_model_dir)
         actor.run()  # returns when the trainer's Shutdown arrives
         trainer = next(s for s in stages if s.name == "trainer0")
         assert trainer.process.wait(timeout=120) == 0, trainer.log_tail()
     finally:
         stop_stages(stages, grace_s=10)
-    assert actor.engine.policy_version == 3
+    return InProcessRun(config, run_dir, actor)
+
+
+def test_actor_logits_equal_trainer_logits_after_updates(in_process_actor_run, random_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    actor, run_dir = in_process_actor_run.actor, in_process_actor_run.run_dir
+    assert actor.engine.policy_version == in_process_actor_run.config.run.max_steps
     probe = torch.tensor([[1, 30, 31, 32, 40, 33, 34, 35, 36], [1, 41, 42, 43, 44, 45, 46, 47, 48]])
     trained = AutoModelForCausalLM.from_pretrained(run_dir / "final", dtype=torch.float32).eval()
-    initial = AutoModelForCausalLM.from_pretrained(warm_model_dir, dtype=torch.float32).eval()
+    initial = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         actor_logits = actor.engine.model(input_ids=probe).logits
         trainer_logits = trained(input_ids=probe).logits
         initial_logits = initial(input_ids=probe).logits
     assert torch.allclose(actor_logits, trainer_logits, atol=1e-6, rtol=0)
     assert not torch.allclose(initial_logits, trainer_logits, atol=1e-4), "training changed the weights"
+
+
+def test_actors_that_outrun_the_trainer_are_held_back(in_process_actor_run):
+    """With transport.batches_ahead=1 no batch may leave before the trainer has published the version
+    before it, so the data (and its lag) waits upstream instead of queueing."""
+    lines = (in_process_actor_run.run_dir / "preprocessor.jsonl").read_text().splitlines()
+    sent = [json.loads(line) for line in lines]
+    # Steps 0..7 were trained; one more batch may have left as the trainer finished.
+    assert [r["step"] for r in sent] in (list(range(8)), list(range(9)))
+    assert all(r["step"] <= r[metric.TRAINER_VERSION] for r in sent), sent
+    # How many batches the bound holds depends on how sequences finish against the trainer's pace (CI,
+    # on a loaded machine, saw one held of eight): at least one shows the bound acting.
+    assert any(r[metric.PREPROCESSOR_HELD_S] > 0.01 for r in sent), "the bound was reached and held a batch"

@@ -6,17 +6,25 @@ Llama 3's chat template; both with several end-of-sequence ids. The tasks are th
 (math-verify) and two reasoning-gym generators. Random weights learn nothing in a few steps, so the
 checks are the plumbing: prompts rendered by the chat template reach the engine, every completion
 is scored and its label counted, the trainer takes its steps, held-out success is measured.
+
+A run costs about 25 s, nearly all of it process start-up, so each is launched once (a
+module-scoped fixture) and carries what it can, each property checked by a test of its own: math on
+the Llama-style model is also the run with in-run evaluation in conventional mode; the chain_sum
+generator's run is the bfloat16 run with two eval sets.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pipelinerl.launch.launcher import launch
-from pipelinerl.platform.config import ConfigError, load_config
+from pipelinerl.launch.launcher import RunResult, launch
+from pipelinerl.platform.config import ConfigError, PipelineConfig, load_config
+from pipelinerl.platform.tracking import metric_registry as metric
 from tests.conftest import worker_port
 
 pytestmark = pytest.mark.slow
@@ -46,32 +54,188 @@ def config_for(tmp_path: Path, model_dir: Path, *overrides: str):
 
 def scored_labels(run_dir: Path) -> dict[str, int]:
     last = json.loads((run_dir / "preprocessor.jsonl").read_text().splitlines()[-1])
-    return {key.removeprefix("scores/"): value for key, value in last.items() if key.startswith("scores/")}
+    labels = {}
+    for key, value in last.items():
+        parts = metric.parts_of(metric.SCORES, key)
+        if parts is not None:
+            labels[parts["label"]] = value
+    return labels
+
+
+@dataclass
+class Run:
+    config: PipelineConfig
+    result: RunResult
+
+    def jsonl(self, name: str) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in (self.result.run_dir / name).read_text().splitlines()]
+
+
+def launch_once(tmp_path: Path, model_dir: Path, run_id: str, *overrides: str) -> Run:
+    config = config_for(tmp_path, model_dir, *overrides)
+    return Run(config, launch(config, run_id=run_id))
+
+
+# --- math on each family; in-run evaluation in each mode --------------------------------------------
+
+
+MATH = ("task.name=math", "model.system_prompt=You are a careful solver.")
+# eval.every=2 on the actor's own engine, eight steps: rounds are due at v2, v4, v6.
+IN_RUN_EVAL = ("run.steps_per_round=2", "run.max_steps=8", "eval.every=2", "eval.samples=2")
+
+
+@pytest.fixture(scope="module")
+def math_qwen_style_run(tmp_path_factory, qwen_style_model_dir) -> Run:
+    return launch_once(tmp_path_factory.mktemp("math-qwen"), qwen_style_model_dir, "math-qwen_style", *MATH)
+
+
+@pytest.fixture(scope="module")
+def math_llama_style_run(tmp_path_factory, llama_style_model_dir) -> Run:
+    """Also the conventional-mode run with in-run evaluation: each round is evaluated with its frozen
+    weights at v2, v4, v6."""
+    return launch_once(
+        tmp_path_factory.mktemp("math-llama"),
+        llama_style_model_dir,
+        "math-llama_style",
+        *MATH,
+        "run.mode=conventional",
+        *IN_RUN_EVAL,
+    )
+
+
+@pytest.fixture(scope="module")
+def eval_pipeline_run(tmp_path_factory, random_model_dir) -> Run:
+    """In-run evaluation in pipeline mode, where an update may land while a round is written (its
+    versions then differ by one or two)."""
+    return launch_once(
+        tmp_path_factory.mktemp("eval-pipeline"),
+        random_model_dir,
+        "eval-pipeline",
+        "run.mode=pipeline",
+        *IN_RUN_EVAL,
+    )
 
 
 @pytest.mark.parametrize("family", ["qwen_style", "llama_style"])
-def test_math_on_a_chat_model_of_each_family(tmp_path, family, request):
-    model_dir = request.getfixturevalue(f"{family}_model_dir")
-    config = config_for(
-        tmp_path, model_dir, "task.name=math", "model.system_prompt=You are a careful solver."
-    )
-    result = launch(config, run_id=f"math-{family}")
-    assert result.summary["steps"] == 2 and result.summary["final_policy_version"] == 2
+def test_math_on_a_chat_model_of_each_family(family, request):
+    run: Run = request.getfixturevalue(f"math_{family}_run")
+    config, result = run.config, run.result
+    steps = config.run.max_steps
+    assert result.summary["steps"] == steps and result.summary["final_policy_version"] == steps
     labels = scored_labels(result.run_dir)
     assert set(labels) == {"correct", "wrong", "no_answer", "unparsable"}
-    assert sum(labels.values()) >= 2 * config.rl.batch_size, "every trained rollout was scored"
-    trained = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert all(record["samples"] == config.rl.batch_size for record in trained)
+    assert sum(labels.values()) >= steps * config.rl.batch_size, "every trained rollout was scored"
+    trained = run.jsonl("metrics.jsonl")
+    assert all(record[metric.TRAINER_SAMPLES] == config.rl.batch_size for record in trained)
+
+
+@pytest.mark.parametrize(
+    ("mode", "run_name"),
+    [("pipeline", "eval_pipeline_run"), ("conventional", "math_llama_style_run")],
+    ids=["pipeline", "conventional"],
+)
+def test_held_out_evaluation_during_the_run_reaches_mlflow(mode, run_name, request):
+    """eval.every=2 on the actor's own engine: eval/heldout/pass_at_1 at several versions, in MLflow."""
+    from mlflow.tracking import MlflowClient
+
+    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
+
+    run: Run = request.getfixturevalue(run_name)
+    config, result = run.config, run.result
+    assert config.run.mode == mode
+    records = run.jsonl("eval.jsonl")
+    versions = [record["policy_version"] for record in records]
+    # Rounds are due at v2, v4, v6; each fills the engine's slots ahead of new training prompts, so
+    # a round finishes within about one trainer step: at least the first two are in before v8. The
+    # engine's version may pass a multiple of 2 while the actor waits (backpressure), so a round can
+    # start a version or two late, never twice for one multiple nor before v2.
+    assert len(versions) >= 2 and versions[0] >= 2, versions
+    multiples = [version // 2 for version in versions]
+    assert multiples == sorted(set(multiples)), f"one round per multiple of eval.every: {versions}"
+    for record in records:
+        assert record[metric.EVAL_PROBLEMS] == config.task.eval_problems and record[metric.EVAL_SAMPLES] == 2
+        assert sum(record[metric.EVAL_LABELS].values()) == config.task.eval_problems * 2
+        pass_at_1 = record[metric.EVAL_PASS_AT.format(k=1)]
+        assert 0.0 <= pass_at_1 <= record[metric.EVAL_PASS_AT.format(k=2)] <= 1.0
+        if mode == "conventional":  # a round's weights are frozen: one version per eval sequence
+            assert record[metric.EVAL_MIXED_VERSION_FRACTION] == 0.0
+    client = MlflowClient(tracking_uri=mlflow_uri(config))
+    run_id = (result.run_dir / "mlflow_run_id").read_text()
+    history = client.get_metric_history(run_id, metric.name_of(metric.EVAL_SET_PASS_AT, set="heldout", k=1))
+    assert sorted(point.step for point in history) == versions
+    assert [e["policy_version"] for e in result.summary["eval_in_run"]] == versions
+
+
+# --- reasoning-gym generators; a bfloat16 policy with two eval sets ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def gym_basic_arithmetic_run(tmp_path_factory, qwen_style_model_dir) -> Run:
+    return launch_once(
+        tmp_path_factory.mktemp("gym-basic-arithmetic"),
+        qwen_style_model_dir,
+        "gym-basic_arithmetic",
+        "task.name=reasoning_gym",
+        "task.options.generator=basic_arithmetic",
+    )
+
+
+@pytest.fixture(scope="module")
+def gym_chain_sum_run(tmp_path_factory, qwen_style_model_dir) -> Run:
+    """model.dtype=bfloat16 on CPU: DeepSpeed trains bf16 weights (float32 master copy), the actor's
+    engine loads and receives bf16, the saved policy is bf16; eval.sets adds a second named set, the
+    same generator with longer chains, evaluated through the engine beside the task's own."""
+    return launch_once(
+        tmp_path_factory.mktemp("bf16"),
+        qwen_style_model_dir,
+        "bf16",
+        "model.dtype=bfloat16",
+        "task.name=reasoning_gym",
+        'task.options={generator="chain_sum", params={min_terms=2, max_terms=2}}',
+        "eval.every=1",
+        "eval.sets={long_chains={params={min_terms=5, max_terms=5}}}",
+        "task.eval_problems=4",
+        # Six steps: under load the rounds due at v1..v3 can all be cut short by a 4-step run's end.
+        "run.max_steps=6",
+    )
 
 
 @pytest.mark.parametrize("generator", ["basic_arithmetic", "chain_sum"])
-def test_reasoning_gym_generators_on_the_qwen_style_model(tmp_path, generator, qwen_style_model_dir):
-    config = config_for(
-        tmp_path, qwen_style_model_dir, "task.name=reasoning_gym", f"task.options.generator={generator}"
-    )
-    result = launch(config, run_id=f"gym-{generator}")
-    assert result.summary["steps"] == 2
-    assert sum(scored_labels(result.run_dir).values()) >= 2 * config.rl.batch_size
+def test_reasoning_gym_generators_on_the_qwen_style_model(generator, request):
+    run: Run = request.getfixturevalue(f"gym_{generator}_run")
+    assert run.config.task.options["generator"] == generator
+    steps = run.config.run.max_steps
+    assert run.result.summary["steps"] == steps
+    assert sum(scored_labels(run.result.run_dir).values()) >= steps * run.config.rl.batch_size
+
+
+def test_a_bfloat16_policy_trains_and_reaches_the_actor(gym_chain_sum_run):
+    from safetensors import safe_open
+
+    result = gym_chain_sum_run.result
+    assert result.summary["final_policy_version"] == 6
+    weights = result.run_dir / "final" / "model.safetensors"
+    with safe_open(str(weights), framework="pt") as saved:
+        dtypes = {str(saved.get_slice(name).get_dtype()) for name in saved.keys()}  # noqa: SIM118
+    assert dtypes == {"BF16"}, dtypes
+    actor_log = (result.run_dir / "logs" / "actor0.log").read_text()
+    assert "transformers engine, bfloat16 weights" in actor_log
+    assert "weights v3 loaded in flight" in actor_log, actor_log[-2000:]
+
+
+def test_a_second_eval_set_is_evaluated_beside_the_task_own(gym_chain_sum_run):
+    config = gym_chain_sum_run.config
+    by_set: dict[str, list[int]] = {}
+    for record in gym_chain_sum_run.jsonl("eval.jsonl"):
+        by_set.setdefault(record[metric.EVAL_SET], []).append(record["policy_version"])
+        assert sum(record[metric.EVAL_LABELS].values()) == config.task.eval_problems
+    # Rounds are due at v1..v5 (the run may end before the last are written); each round submits
+    # both sets at the same version.
+    assert set(by_set) == {"heldout", "long_chains"}, by_set
+    assert set(by_set["heldout"]) & set(by_set["long_chains"]), by_set
+
+
+# --- refused before any process starts; the embedded model ------------------------------------------
 
 
 def test_bad_task_input_stops_the_run_before_any_process_starts(tmp_path, qwen_style_model_dir):
@@ -101,86 +265,6 @@ def test_a_model_directory_without_a_tokenizer_is_named(tmp_path, random_model_d
         launch(config_for(tmp_path, bare), run_id="bare")
 
 
-@pytest.mark.parametrize("mode", ["pipeline", "conventional"])
-def test_held_out_evaluation_during_the_run_reaches_mlflow(tmp_path, random_model_dir, mode):
-    """eval.every=2 on the actor's own engine: eval/heldout/pass_at_1 at several versions, in MLflow.
-
-    Conventional rounds evaluate with the round's frozen weights at v2, v4, v6; in pipeline mode an
-    update may land while a round is written (its versions then differ by one or two)."""
-    from mlflow.tracking import MlflowClient
-
-    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
-
-    config = config_for(
-        tmp_path,
-        random_model_dir,
-        f"run.mode={mode}",
-        "run.steps_per_round=2",
-        "run.max_steps=8",
-        "eval.every=2",
-        "eval.samples=2",
-    )
-    result = launch(config, run_id=f"eval-{mode}")
-    records = [json.loads(line) for line in (result.run_dir / "eval.jsonl").read_text().splitlines()]
-    versions = [record["policy_version"] for record in records]
-    # Rounds are due at v2, v4, v6; each fills the engine's slots ahead of new training prompts, so
-    # a round finishes within about one trainer step: at least the first two are in before v8. The
-    # engine's version may pass a multiple of 2 while the actor waits (backpressure), so a round can
-    # start a version or two late, never twice for one multiple nor before v2.
-    assert len(versions) >= 2 and versions[0] >= 2, versions
-    multiples = [version // 2 for version in versions]
-    assert multiples == sorted(set(multiples)), f"one round per multiple of eval.every: {versions}"
-    for record in records:
-        assert record["problems"] == config.task.eval_problems and record["samples"] == 2
-        assert sum(record["labels"].values()) == config.task.eval_problems * 2
-        assert 0.0 <= record["pass@1"] <= record["pass@2"] <= 1.0
-        if mode == "conventional":  # a round's weights are frozen: one version per eval sequence
-            assert record["mixed_version_fraction"] == 0.0
-    client = MlflowClient(tracking_uri=mlflow_uri(config))
-    run_id = (result.run_dir / "mlflow_run_id").read_text()
-    history = client.get_metric_history(run_id, "eval/heldout/pass_at_1")
-    assert sorted(point.step for point in history) == versions
-    assert [e["policy_version"] for e in result.summary["eval_in_run"]] == versions
-
-
-def test_a_bfloat16_policy_trains_and_reaches_the_actor_with_two_eval_sets(tmp_path, qwen_style_model_dir):
-    """model.dtype=bfloat16 on CPU: DeepSpeed trains bf16 weights (float32 master copy), the actor's
-    engine loads and receives bf16, the saved policy is bf16; eval.sets adds a second named set, the
-    same generator with longer chains, evaluated through the engine beside the task's own."""
-    from safetensors import safe_open
-
-    config = config_for(
-        tmp_path,
-        qwen_style_model_dir,
-        "model.dtype=bfloat16",
-        "task.name=reasoning_gym",
-        'task.options={generator="chain_sum", params={min_terms=2, max_terms=2}}',
-        "eval.every=1",
-        "eval.sets={long_chains={params={min_terms=5, max_terms=5}}}",
-        "task.eval_problems=4",
-        # Six steps: under load the rounds due at v1..v3 can all be cut short by a 4-step run's end.
-        "run.max_steps=6",
-    )
-    result = launch(config, run_id="bf16")
-    assert result.summary["final_policy_version"] == 6
-    weights = result.run_dir / "final" / "model.safetensors"
-    with safe_open(str(weights), framework="pt") as saved:
-        dtypes = {str(saved.get_slice(name).get_dtype()) for name in saved.keys()}  # noqa: SIM118
-    assert dtypes == {"BF16"}, dtypes
-    actor_log = (result.run_dir / "logs" / "actor0.log").read_text()
-    assert "transformers engine, bfloat16 weights" in actor_log
-    assert "weights v3 loaded in flight" in actor_log, actor_log[-2000:]
-    records = [json.loads(line) for line in (result.run_dir / "eval.jsonl").read_text().splitlines()]
-    by_set: dict[str, list[int]] = {}
-    for record in records:
-        by_set.setdefault(record["set"], []).append(record["policy_version"])
-        assert sum(record["labels"].values()) == config.task.eval_problems
-    # Rounds are due at v1..v5 (the run may end before the last are written); each round submits
-    # both sets at the same version.
-    assert set(by_set) == {"heldout", "long_chains"}, by_set
-    assert set(by_set["heldout"]) & set(by_set["long_chains"]), by_set
-
-
 def test_the_embedded_model_warm_starts_on_a_reasoning_gym_task_and_trains(tmp_path):
     """No model.path on a task other than arithmetic: the tiny model is warm-started on the generator's
     reference answers (a few steps here), cached under the task's options, and the run trains on it."""
@@ -190,7 +274,7 @@ def test_the_embedded_model_warm_starts_on_a_reasoning_gym_task_and_trains(tmp_p
             f"run.output_dir={tmp_path}",
             f"run.home={tmp_path / 'home'}",
             "run.max_steps=2",
-            "model.warmstart_max_steps=10",
+            "model.warmstart_max_steps=3",
             "task.name=reasoning_gym",
             'task.options={generator="spell_backward", params={min_word_len=3, max_word_len=5}}',
             "task.train_problems=64",

@@ -1,18 +1,30 @@
 """The local stack (``pipelinerl up`` / ``down``): real Prefect and MLflow servers, process workers,
-the registered deployments, a run submitted through the Prefect API, and its cancellation.
+the registered deployments, Prefect's run form in a real browser, and two runs submitted through the
+Prefect API.
 
 One stack is started for the module in a temporary home on free ports (below the ephemeral range);
-the tests run in order and the last one stops it.
+the tests run in order and the last one stops it. Two runs of the ``rl-run`` deployment, submitted
+together so that they overlap, carry the properties of the runs (one property per test):
+
+* a run placed on the pools (two actor nodes), whose actor 0 is killed once the trainer has reached
+  version 3: it restarts from its checkpoint, completes and tracks to the stack's MLflow server;
+* a run with the default local placement, cancelled once it trains: its stages' logs and MLflow link
+  reached Prefect while it ran, and the cancel stops every stage.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import socket
+import threading
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,12 +34,17 @@ import pytest
 
 from pipelinerl.flows.stack import StackError, down, group_members, read_state, state_path, up
 from pipelinerl.platform.config import load_config
-from tests.conftest import worker_port
+from tests.browser import headless_chromium
+from tests.conftest import wait_until, worker_port
 
-pytestmark = pytest.mark.slow
+# The module's runs share one stack: its first tests wait for runs that take minutes on a loaded machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 T = TypeVar("T")
-RUN_TIMEOUT_S = 300.0
+RUN_TIMEOUT_S = 600.0  # a bound on a hang: a run takes 1-3 minutes, several on a loaded 2-core machine
+WORKER_QUERY_S = "2"  # how often the stack's workers look for flow runs (Prefect's default: every 10 s)
+REPOSITORY = Path(__file__).resolve().parents[2]
+PAGE_TIMEOUT_S = 120  # the form renders the whole config schema; slow on a loaded 2-core machine
 
 
 def port_is_free(port: int) -> bool:
@@ -62,8 +79,26 @@ def stack(tmp_path_factory):
     prefect_port = free_ports(worker_port(23000), worker_port(24000), taken=_TAKEN)
     mlflow_port = free_ports(worker_port(23000), worker_port(24000), taken=_TAKEN)
     ui_port = free_ports(worker_port(23000), worker_port(24000), taken=_TAKEN)
+    # The dashboard reads the platform database read-only and answers /api/runs with a 503 while the
+    # database does not exist; a run's tracker creates it. test_up asks before any run of this module
+    # (an earlier module of the same test worker may or may not have made it): create it as a first
+    # run would.
+    from pipelinerl.platform.tracking.store import PlatformStore
+
+    with PlatformStore(os.environ["PIPELINERL_DATABASE_URL"]):
+        pass
     started = time.monotonic()
-    state = up(home, prefect_port, mlflow_port, ui_port=ui_port)
+    # The stack's processes take their environment from this one: its workers poll for flow runs more
+    # often than by default, so the runs' hand-offs between pools wait less (what they do is the same).
+    before = os.environ.get("PREFECT_WORKER_QUERY_SECONDS")
+    os.environ["PREFECT_WORKER_QUERY_SECONDS"] = WORKER_QUERY_S
+    try:
+        state = up(home, prefect_port, mlflow_port, ui_port=ui_port)
+    finally:
+        if before is None:
+            os.environ.pop("PREFECT_WORKER_QUERY_SECONDS", None)
+        else:
+            os.environ["PREFECT_WORKER_QUERY_SECONDS"] = before
     print(f"stack up in {time.monotonic() - started:.1f} s")
     yield state
     if state_path(state.home).exists():  # a test failed before test_down_stops_everything
@@ -113,12 +148,12 @@ def role_flow_runs(state, run_dir: Path) -> list:
     return sorted(prefect(state, work), key=lambda run: run.created)
 
 
-def submit(state, parameters: dict[str, Any]) -> str:
+def submit(state, parameters: dict[str, Any], deployment: str = "rl-run/default") -> str:
     from prefect.deployments import run_deployment
 
     async def work(client):
         flow_run = await run_deployment(
-            "rl-run/default", client=client, parameters=parameters, timeout=0, as_subflow=False
+            deployment, client=client, parameters=parameters, timeout=0, as_subflow=False
         )
         return str(flow_run.id)
 
@@ -130,17 +165,26 @@ def read_flow_run(state, flow_run_id: str):
 
 
 def wait_for_final_state(state, flow_run_id: str, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def final():
         flow_run = read_flow_run(state, flow_run_id)
-        if flow_run.state is not None and flow_run.state.is_final():
-            return flow_run
-        if time.monotonic() > deadline:
-            pytest.fail(
-                f"flow run {flow_run_id} still {flow_run.state_name} after {timeout_s:.0f} s; worker log:\n"
-                + worker_log(state)
-            )
-        time.sleep(2)
+        return flow_run if flow_run.state is not None and flow_run.state.is_final() else None
+
+    try:
+        return wait_until(final, timeout_s, f"flow run {flow_run_id} to end", interval_s=1.0)
+    except pytest.fail.Exception:
+        pytest.fail(
+            f"flow run {flow_run_id} still {read_flow_run(state, flow_run_id).state_name} after "
+            f"{timeout_s:.0f} s; worker log:\n{worker_log(state)}"
+        )
+
+
+def settled(condition: Callable[[], T | None], timeout_s: float, what: str) -> T | None:
+    """``wait_until``, for a fixture that records what it saw: after ``timeout_s`` it returns None, and
+    the test of that property fails (the fixture's other observations still reach their tests)."""
+    try:
+        return wait_until(condition, timeout_s, what, interval_s=0.5)
+    except pytest.fail.Exception:
+        return None
 
 
 def worker_log(state) -> str:
@@ -148,17 +192,47 @@ def worker_log(state) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-60:]) if log.exists() else "(no log)"
 
 
-def flow_run_logs(state, flow_run_id: str, lines: int = 40) -> str:
-    """The flow run's last log lines in Prefect (its own and its stages'), for failure messages."""
+def flow_run_log_records(state, flow_run_id: str) -> list:
+    """Every log record of the flow run in Prefect (its own and its stages'), oldest first."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
+    page = 200
+
     async def work(client):
-        return await client.read_logs(
-            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200
+        records: list = []
+        while True:
+            batch = await client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                limit=page,
+                offset=len(records),
+            )
+            records.extend(batch)
+            if len(batch) < page:
+                return records
+
+    return prefect(state, work)
+
+
+def flow_run_messages(state, flow_run_id: str) -> list[str]:
+    return [log.message for log in flow_run_log_records(state, flow_run_id)]
+
+
+def flow_run_logs(state, flow_run_id: str, lines: int = 40) -> str:
+    """The flow run's last log lines in Prefect, for failure messages."""
+    logs = flow_run_log_records(state, flow_run_id)
+    return "\n".join(f"{log.timestamp:%H:%M:%S.%f} {log.name}: {log.message}" for log in logs[-lines:])
+
+
+def artifacts_of(state, flow_run_id: str) -> dict[str, Any]:
+    """The flow run's Prefect artifacts by key (the latest of each)."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    async def work(client):
+        return await client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
 
-    logs = prefect(state, work)
-    return "\n".join(f"{log.timestamp:%H:%M:%S.%f} {log.name}: {log.message}" for log in logs[-lines:])
+    return {artifact.key: artifact for artifact in sorted(prefect(state, work), key=lambda a: a.created)}
 
 
 def mlflow_runs_of(state, flow_run_id: str) -> list:
@@ -179,6 +253,19 @@ def processes_mentioning(text: str) -> list[tuple[int, str]]:
         if text in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE:
             found.append((process.info["pid"], cmdline[:200]))
     return found
+
+
+def reached_version(runs: Path, version: int) -> Path | None:
+    """The run directory under ``runs`` once its trainer has logged ``policy_version >= version``."""
+    for metrics in runs.glob("*/metrics.jsonl"):
+        text = metrics.read_text()
+        complete = text[: text.rfind("\n") + 1]  # a line being written is read next time
+        if any(json.loads(line)["policy_version"] >= version for line in complete.splitlines()):
+            return metrics.parent
+    return None
+
+
+# ----- the stack itself -----
 
 
 def test_up_serves_prefect_mlflow_and_the_deployments(stack):
@@ -258,128 +345,402 @@ def test_a_taken_port_fails_at_once_naming_it(tmp_path):
     assert not state_path(tmp_path).exists()
 
 
-def test_rl_run_deployment_on_the_pools_completes_and_tracks_to_the_stack(stack, random_model_dir, tmp_path):
-    """rl-run submitted through the Prefect client; it places each role node as an rl-role flow run.
-    (The same deployment with the default local placement runs in the cancellation test.)"""
-    config = small_config(random_model_dir, tmp_path, max_steps=3)
+# ----- Prefect's run form, in a real headless browser -----
+# A cross-field mistake is shown under the field to change, in words, and no flow run is created; a
+# good change is submitted. The rules come from the flow's parameter schema
+# (``config/base.requires_when``, ``multiple_of_field``), which Prefect's form validates on submit.
+# Screenshots go to ``$PIPELINERL_TEST_ARTIFACTS/prefect-form`` (default ``.cache/test-artifacts``).
+# These run before the module's runs are submitted: with a run training beside it, the loaded server
+# once took over a minute to create the good form's flow run.
+
+
+@pytest.fixture(scope="module")
+def form_deployment_id(stack) -> str:
+    """rl-run deployed as ``rl-run/form-check`` on no work pool: its flow runs are created, never run."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from pipelinerl.flows.rl_run import rl_run
+
+    with temporary_settings(updates={PREFECT_API_URL: stack.prefect_api_url}):
+        return str(rl_run.to_deployment(name="form-check").apply())
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with headless_chromium(window="1400,2400") as session:
+        yield session
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> Path:
+    root = Path(os.environ.get("PIPELINERL_TEST_ARTIFACTS", REPOSITORY / ".cache" / "test-artifacts"))
+    directory = root / "prefect-form"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def form_flow_runs(state, deployment_id: str) -> list[Any]:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    return prefect(
+        state,
+        lambda client: client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+        ),
+    )
+
+
+def form_field(browser: Any, label: str, description: str) -> Any:
+    """The form property labelled ``label`` whose description is ``description`` (labels repeat across
+    sections): its element, the one holding its input and its error."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    header = "./div[contains(@class,'p-label__header')]"
+    xpath = (
+        "//div[contains(@class,'schema-form-property')]"
+        f"[{header}//span[normalize-space()='{label} (Optional)']]"
+        f'[{header}//div[normalize-space()="{description}"]]'
+    )
+    WebDriverWait(browser, PAGE_TIMEOUT_S).until(
+        expected_conditions.presence_of_element_located((By.XPATH, xpath))
+    )
+    (element,) = browser.find_elements(By.XPATH, xpath)
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", element)
+    return element
+
+
+def type_into(element: Any, text: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    control = element.find_element(By.XPATH, "./div[contains(@class,'p-label__body')]//input")
+    control.send_keys(Keys.CONTROL, "a")
+    control.send_keys(text)
+
+
+def press_submit(browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    (button,) = browser.find_elements(By.XPATH, "//button[normalize-space()='Submit']")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", button)
+    button.click()
+
+
+BATCH = ("Batch Size", "B: sequences per optimizer step.")
+TENSOR_PARALLEL = (
+    "Tensor Parallel Size",
+    "vllm engine: GPUs (workers) per actor. Each worker joins the weight group, receives the full tensors "
+    "and lets vLLM shard them.",
+)
+ENGINE = (
+    "Engine",
+    "Inference engine: transformers (in this environment, CPU) or vllm (its own environment, make vllm-env). "
+    "tensor_parallel_size above 1, kv_cache_on_update=recompute and eval.greedy need vllm.",
+)
+
+
+@pytest.mark.parametrize(
+    ("changed", "value", "shown_under", "message"),
+    [
+        (BATCH, "30", BATCH, "30 is not a multiple of 4"),  # rl.batch_size by rl.group_size
+        (TENSOR_PARALLEL, "2", ENGINE, "'vllm' was expected"),  # a rule across two sections
+    ],
+    ids=["divisibility", "engine"],
+)
+def test_a_cross_field_mistake_is_shown_under_the_field_and_nothing_runs(
+    stack,
+    form_deployment_id: str,
+    browser: Any,
+    artifacts: Path,
+    changed: tuple[str, str],
+    value: str,
+    shown_under: tuple[str, str],
+    message: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    before = len(form_flow_runs(stack, form_deployment_id))
+    browser.get(f"{stack.prefect_ui_url}/deployments/deployment/{form_deployment_id}/run")
+    type_into(form_field(browser, *changed), value)
+    press_submit(browser)
+    where = form_field(browser, *shown_under)
+    wait_until(lambda: message in where.text, 60, f"{message!r} under the field {shown_under[0]!r}", 0.5)
+    browser.save_screenshot(str(artifacts / f"{request.node.callspec.id}.png"))
+    assert "/run" in browser.current_url, "the form left its page: the run was submitted"
+    time.sleep(2)  # a submission that slipped through would create its flow run by now
+    assert len(form_flow_runs(stack, form_deployment_id)) == before
+
+
+def test_a_good_change_is_submitted_with_its_value(stack, form_deployment_id: str, browser: Any) -> None:
+    """The control: the same form, a valid change, and the flow run carries it."""
+    browser.get(f"{stack.prefect_ui_url}/deployments/deployment/{form_deployment_id}/run")
+    type_into(form_field(browser, *BATCH), "64")
+    press_submit(browser)
+    runs = wait_until(
+        lambda: form_flow_runs(stack, form_deployment_id), 120, "the flow run of a valid form", 1.0
+    )
+    (run,) = runs
+    assert run.parameters["config"]["rl"]["batch_size"] == 64
+
+
+# ----- the two runs -----
+
+
+class ActorKiller:
+    """SIGKILLs actor 0 of the run under ``runs`` once its trainer has reached ``version``, from a
+    thread: the crash comes at that point of training whatever the test is waiting for meanwhile."""
+
+    def __init__(self, runs: Path, version: int) -> None:
+        self.runs, self.version = runs, version
+        self.killed: int | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._watch, name="actor-killer", daemon=True)
+
+    def _kill_when_reached(self) -> int | None:
+        run_dir = reached_version(self.runs, self.version)
+        if run_dir is None:
+            return None
+        for pid, cmdline in processes_mentioning(str(run_dir)):
+            if "--actor-id 0" in cmdline:
+                os.kill(pid, signal.SIGKILL)
+                return pid
+        return None
+
+    def _watch(self) -> None:
+        try:
+            self.killed = wait_until(
+                self._kill_when_reached,
+                RUN_TIMEOUT_S,
+                f"training to reach version {self.version} (then actor 0 is killed)",
+                interval_s=0.2,
+            )
+        except BaseException as error:  # pytest.fail's exception, raised in this thread: for the test
+            self.error = error
+
+
+@dataclass
+class SubmittedRun:
+    flow_run_id: str
+    runs: Path  # the run's output directory (its run directory appears in it)
+    killer: ActorKiller | None = None
+
+
+@pytest.fixture(scope="module")
+def pools_submitted(stack, random_model_dir, tmp_path_factory) -> SubmittedRun:
+    """rl-run submitted through the Prefect client, placed on the pools with two actor nodes (each
+    role node an rl-role flow run); actor 0 is killed at version 3, the run restarts once from its
+    checkpoint (version 2) and trains to version 6."""
+    directory = tmp_path_factory.mktemp("pools-run")
+    config = small_config(random_model_dir, directory, max_steps=6)
     config["cluster"].update(placement="pools", actor_nodes=2)
     config["actor"].update(num_actors=2, max_in_flight=8)
-    flow_run_id = submit(stack, {"config": config})
-    flow_run = wait_for_final_state(stack, flow_run_id, RUN_TIMEOUT_S)
-    assert flow_run.state.is_completed(), f"{flow_run.state}\n{flow_run_logs(stack, flow_run_id)}"
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 3 and summary["placement"] == "pools"
-
-    roles = role_flow_runs(stack, run_dir)
-    assert sorted(run.name for run in roles) == sorted(
-        f"{run_dir.name}-{name}" for name in ("trainer0", "actor0", "actor1")
-    )
-    assert all(run.state.is_completed() for run in roles), [(run.name, run.state) for run in roles]
-    deployment_of = {str(d_id): name for name, d_id in stack.deployments.items()}
-    assert {run.name.rsplit("-", 1)[1]: deployment_of[str(run.deployment_id)] for run in roles} == {
-        "trainer0": "rl-role/trainers",
-        "actor0": "rl-role/actors",
-        "actor1": "rl-role/actors",
-    }
-    assert all(run.parent_task_run_id is not None for run in roles), "linked to the rl-run as subflows"
-    actor1 = next(run for run in roles if run.name.endswith("actor1"))
-    actor1_logs = flow_run_logs(stack, str(actor1.id), lines=400)
-    assert "[actor1]" in actor1_logs and "[actor0]" not in actor1_logs, "each node streams its own stages"
-    # Both actors generated: each wrote its own records in the shared run directory.
-    assert all((run_dir / f"actor{k}.jsonl").stat().st_size > 0 for k in (0, 1))
-    (mlflow_run,) = mlflow_runs_of(stack, flow_run_id)
-    assert mlflow_run.info.status == "FINISHED"
-    assert mlflow_run.info.run_id == (run_dir / "mlflow_run_id").read_text()
-    assert mlflow_run.data.params["run.max_steps"] == "3"
-    assert mlflow_run.data.params["cluster.placement"] == "pools"
-    assert not processes_mentioning(str(run_dir))
-
-
-def test_a_crashed_role_on_the_pools_restarts_from_its_checkpoint(stack, random_model_dir, tmp_path):
-    import os
-    import signal
-
-    config = small_config(random_model_dir, tmp_path, max_steps=6)
-    config["cluster"].update(placement="pools")
     config["run"].update(max_restarts=1)
     config["trainer"].update(checkpoint_every=2)
     flow_run_id = submit(stack, {"config": config})
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    runs = tmp_path / "runs"
-    killed = None
-    while killed is None:
-        assert time.monotonic() < deadline, "training never reached version 3"
-        metrics = list(runs.glob("*/metrics.jsonl"))
-        if metrics and any(
-            json.loads(line)["policy_version"] >= 3 for line in metrics[0].read_text().splitlines()
-        ):
-            (run_dir,) = runs.iterdir()
-            for pid, cmdline in processes_mentioning(str(run_dir)):
-                if "--actor-id 0" in cmdline:
-                    os.kill(pid, signal.SIGKILL)
-                    killed = pid
-        time.sleep(0.2)
-    flow_run = wait_for_final_state(stack, flow_run_id, RUN_TIMEOUT_S)
-    assert flow_run.state.is_completed(), f"{flow_run.state}\n{flow_run_logs(stack, flow_run_id)}"
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["restarts"] == 1 and summary["final_policy_version"] == 6
-
-    roles = role_flow_runs(stack, run_dir)
-    assert len(roles) == 4, [(run.name, run.state_name) for run in roles]
-    first_actor, second_actor = (run for run in roles if run.name.endswith("actor0"))
-    assert first_actor.state.is_failed()
-    assert "stage actor0 exited with code -9" in first_actor.state.message
-    assert second_actor.state.is_completed()
-    first_trainer, second_trainer = (run for run in roles if run.name.endswith("trainer0"))
-    assert first_trainer.state.is_cancelled(), "the rest of the first attempt was cancelled"
-    assert second_trainer.state.is_completed()
-    logs = flow_run_logs(stack, flow_run_id, lines=200)
-    assert "restart 1 of 1 from the checkpoint" in logs
-    assert not processes_mentioning(str(run_dir))
+    killer = ActorKiller(directory / "runs", version=3)
+    killer.thread.start()
+    return SubmittedRun(flow_run_id, directory / "runs", killer)
 
 
-def test_cancelling_a_flow_run_stops_every_stage(stack, random_model_dir, tmp_path):
-    from prefect.client.schemas.objects import StateType
+@dataclass
+class CancelledRun:
+    flow_run_id: str
+    run_dir: Path
+    stages_while_running: list[tuple[int, str]]
+    messages_while_running: list[str]  # the flow run's log messages before the cancel
+    mlflow_link_while_running: Any  # its rl-run-mlflow artifact before the cancel (None: none yet)
+    answer: Any  # the API's answer to the cancel
+    final: Any  # the flow run once final
+
+
+@pytest.fixture(scope="module")
+def cancelled_run(stack, random_model_dir, tmp_path_factory, pools_submitted) -> CancelledRun:
+    """The same deployment with the default local placement (its stages' logs go to the rl-run flow
+    run itself), cancelled through the API once it trains. Submitted after the pools run, which
+    trains meanwhile."""
     from prefect.states import Cancelling
 
-    flow_run_id = submit(stack, {"config": small_config(random_model_dir, tmp_path, max_steps=200)})
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    runs = tmp_path / "runs"
-    while not (runs.is_dir() and any(runs.glob("*/metrics.jsonl"))):
+    directory = tmp_path_factory.mktemp("cancelled-run")
+    flow_run_id = submit(stack, {"config": small_config(random_model_dir, directory, max_steps=200)})
+    runs = directory / "runs"
+
+    def training() -> Path | None:
         flow_run = read_flow_run(stack, flow_run_id)
         assert not flow_run.state.is_final(), f"{flow_run.state}\n{worker_log(stack)}"
-        assert time.monotonic() < deadline, "the run never started training"
-        time.sleep(1)
-    (run_dir,) = runs.iterdir()
-    assert processes_mentioning(str(run_dir)), "the stages run"
+        return next(runs.glob("*/metrics.jsonl"), None)
 
-    result = prefect(
+    run_dir = wait_until(training, RUN_TIMEOUT_S, "the local run to start training", interval_s=0.5).parent
+    stages = processes_mentioning(str(run_dir))
+
+    def stage_logs() -> list[str] | None:
+        messages = flow_run_messages(stack, flow_run_id)
+        both = all(any(m.startswith(f"[{stage}]") for m in messages) for stage in ("trainer0", "actor0"))
+        return messages if both else None
+
+    messages = settled(stage_logs, 120, "the trainer's and the actor's logs in the flow run") or (
+        flow_run_messages(stack, flow_run_id)
+    )
+    link = settled(lambda: artifacts_of(stack, flow_run_id).get("rl-run-mlflow"), 120, "the MLflow link")
+    answer = prefect(
         stack,
         lambda client: client.set_flow_run_state(flow_run_id, Cancelling(message="cancelled by the test")),
     )
-    assert result.status.value == "ACCEPT", result
     cancelled_at = time.monotonic()
-    flow_run = wait_for_final_state(stack, flow_run_id, 120)
-    print(f"flow run {flow_run.state_name} {time.monotonic() - cancelled_at:.1f} s after the cancel")
-    assert flow_run.state.type == StateType.CANCELLED, f"{flow_run.state}\n{worker_log(stack)}"
+    final = wait_for_final_state(stack, flow_run_id, 180)
+    print(f"flow run {final.state_name} {time.monotonic() - cancelled_at:.1f} s after the cancel")
+    return CancelledRun(flow_run_id, run_dir, stages, messages, link, answer, final)
 
-    deadline = time.monotonic() + 60
-    while processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
-        time.sleep(1)
-    assert not processes_mentioning(str(run_dir)), "a stage outlived the cancelled flow run"
-    print(f"no stage left {time.monotonic() - cancelled_at:.1f} s after the cancel")
 
-    deadline = time.monotonic() + 60
-    while True:
+def test_a_local_run_streams_its_stages_logs_into_its_flow_run(cancelled_run):
+    messages = cancelled_run.messages_while_running
+    assert any(message.startswith("[trainer0]") for message in messages), "stage logs reach Prefect"
+    assert any(message.startswith("[actor0]") for message in messages)
+
+
+def test_the_mlflow_link_is_published_while_the_run_runs(cancelled_run):
+    link = cancelled_run.mlflow_link_while_running
+    assert link is not None, "no rl-run-mlflow artifact before the run ended"
+    assert "MLflow run" in link.data
+
+
+def test_cancelling_a_flow_run_ends_it_cancelled(stack, cancelled_run):
+    from prefect.client.schemas.objects import StateType
+
+    assert cancelled_run.answer.status.value == "ACCEPT", cancelled_run.answer
+    final = cancelled_run.final
+    assert final.state.type == StateType.CANCELLED, f"{final.state}\n{worker_log(stack)}"
+
+
+def test_cancelling_a_flow_run_stops_every_stage(cancelled_run):
+    assert cancelled_run.stages_while_running, "the stages ran"
+    wait_until(
+        lambda: not processes_mentioning(str(cancelled_run.run_dir)),
+        120,
+        "every stage of the cancelled flow run to exit",
+        interval_s=1.0,
+    )
+
+
+def test_a_cancelled_run_is_marked_killed_in_mlflow(stack, cancelled_run):
+    flow_run_id = cancelled_run.flow_run_id
+
+    def ended():
         (mlflow_run,) = mlflow_runs_of(stack, flow_run_id)
-        if mlflow_run.info.status != "RUNNING" or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+        return mlflow_run if mlflow_run.info.status != "RUNNING" else None
+
+    mlflow_run = settled(ended, 120, "the MLflow run to end") or mlflow_runs_of(stack, flow_run_id)[0]
     assert mlflow_run.info.status == "KILLED", (
         f"{mlflow_run.info}\nflow run logs:\n{flow_run_logs(stack, flow_run_id)}\n"
         f"worker log:\n{worker_log(stack)}"
     )
+
+
+# ----- the run on the pools: a crash, a restart from the checkpoint, completion and tracking -----
+
+
+@dataclass
+class PoolsRun:
+    flow_run_id: str
+    run_dir: Path
+    final: Any  # the rl-run flow run once final
+    summary: dict[str, Any]
+    first: list  # the role flow runs of the first attempt (actor 0 killed), by creation
+    second: list  # those of the restart
+
+
+@pytest.fixture(scope="module")
+def pools_run(stack, pools_submitted) -> PoolsRun:
+    killer = pools_submitted.killer
+    assert killer is not None
+    killer.thread.join(RUN_TIMEOUT_S + 60)
+    if killer.error is not None or killer.killed is None:
+        pytest.fail(f"actor 0 was never killed: {killer.error}\n{worker_log(stack)}")
+    final = wait_for_final_state(stack, pools_submitted.flow_run_id, RUN_TIMEOUT_S)
+    (run_dir,) = pools_submitted.runs.iterdir()
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    roles = role_flow_runs(stack, run_dir)
+    return PoolsRun(pools_submitted.flow_run_id, run_dir, final, summary, roles[:3], roles[3:])
+
+
+ROLE_NODES = {"trainer0": "rl-role/trainers", "actor0": "rl-role/actors", "actor1": "rl-role/actors"}
+
+
+def node_of(role_run) -> str:
+    return role_run.name.rsplit("-", 1)[1]
+
+
+def test_rl_run_deployment_on_the_pools_completes(stack, pools_run):
+    state = pools_run.final.state
+    assert state.is_completed(), f"{state}\n{flow_run_logs(stack, pools_run.flow_run_id)}"
+    assert pools_run.final.end_time is not None
+    assert pools_run.summary["steps"] == 6 and pools_run.summary["final_policy_version"] == 6
+    assert pools_run.summary["placement"] == "pools"
+
+
+def test_each_role_node_runs_as_a_flow_run_of_its_pools_deployment(stack, pools_run):
+    deployment_of = {str(d_id): name for name, d_id in stack.deployments.items()}
+    for attempt in (pools_run.first, pools_run.second):
+        assert sorted(run.name for run in attempt) == sorted(
+            f"{pools_run.run_dir.name}-{node}" for node in ROLE_NODES
+        ), [(run.name, run.state_name) for run in pools_run.first + pools_run.second]
+        assert {node_of(run): deployment_of[str(run.deployment_id)] for run in attempt} == ROLE_NODES
+        assert all(run.parent_task_run_id is not None for run in attempt), "linked to the rl-run as subflows"
+    assert all(run.state.is_completed() for run in pools_run.second), [
+        (run.name, run.state) for run in pools_run.second
+    ]
+
+
+def test_each_node_streams_its_own_stages(stack, pools_run):
+    actor1 = next(run for run in pools_run.second if node_of(run) == "actor1")
+    messages = flow_run_messages(stack, str(actor1.id))
+    assert any("[actor1]" in m for m in messages), "actor1's flow run has its stage's logs"
+    assert not any("[actor0]" in m for m in messages), "and not those of the other node"
+
+
+def test_both_actor_nodes_generate(pools_run):
+    # Each actor wrote its own records in the shared run directory.
+    assert all((pools_run.run_dir / f"actor{k}.jsonl").stat().st_size > 0 for k in (0, 1))
+
+
+def test_a_crashed_role_on_the_pools_restarts_from_its_checkpoint(stack, pools_run):
+    assert pools_run.summary["restarts"] == 1
+    (first_actor,) = (run for run in pools_run.first if node_of(run) == "actor0")
+    assert first_actor.state.is_failed()
+    assert "stage actor0 exited with code -9" in first_actor.state.message
+    (first_trainer,) = (run for run in pools_run.first if node_of(run) == "trainer0")
+    assert first_trainer.state.is_cancelled(), "the rest of the first attempt was cancelled"
+    messages = flow_run_messages(stack, pools_run.flow_run_id)
+    assert any("restart 1 of 1 from the checkpoint" in m for m in messages), flow_run_logs(
+        stack, pools_run.flow_run_id
+    )
+
+
+def test_the_run_tracks_to_the_stacks_mlflow(stack, pools_run):
+    # Found by its flow run's tag: the MLflow run is tagged with the rl-run's flow-run id.
+    (mlflow_run,) = mlflow_runs_of(stack, pools_run.flow_run_id)
+    assert mlflow_run.info.status == "FINISHED"
+    assert mlflow_run.info.run_id == (pools_run.run_dir / "mlflow_run_id").read_text()
+    assert mlflow_run.data.params["run.max_steps"] == "6"
+    assert mlflow_run.data.params["cluster.placement"] == "pools"
+
+
+def test_the_run_publishes_its_progress_and_mlflow_link_as_artifacts(stack, pools_run):
+    by_key = artifacts_of(stack, pools_run.flow_run_id)
+    assert by_key["rl-run-progress"].type == "table"
+    assert "MLflow run" in by_key["rl-run-mlflow"].data
+    # Published while the run ran (once its MLflow run existed), not only after it ended: before the
+    # launcher wrote the run's summary.json, its last act.
+    summary_written = datetime.fromtimestamp((pools_run.run_dir / "summary.json").stat().st_mtime, UTC)
+    assert by_key["rl-run-mlflow"].created < summary_written
+
+
+def test_no_stage_outlives_the_completed_run(pools_run):
+    assert not processes_mentioning(str(pools_run.run_dir))
+
+
+# ----- down -----
 
 
 def running(pid: int) -> bool:

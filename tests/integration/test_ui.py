@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,7 +26,7 @@ from pipelinerl.platform.config import PipelineConfig, load_config
 from pipelinerl.ui.app import UiSettings, create_app, settings_from_config
 from pipelinerl.ui.load_benchmark import BackgroundServer
 from tests.browser import headless_chromium
-from tests.conftest import worker_port
+from tests.conftest import wait_until, worker_port
 
 # The tests after the first wait for the comparison to finish (about a minute and a half here).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -37,19 +37,6 @@ RUN_BASE_PORT = worker_port(27020)
 STEPS = 24
 CHECKPOINT_EVERY = 8
 REPOSITORY = Path(__file__).resolve().parents[2]
-T = TypeVar("T")
-
-
-def wait_until(condition: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.25) -> T:
-    """The first truthy value of ``condition()``; fails naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 # ----- the comparison, running in the background -----
@@ -244,7 +231,7 @@ def test_the_api_on_a_real_comparison(comparison: Comparison, api: TestClient) -
     live = api.get(f"/api/runs/{run_id}/live").json()
     assert live["warnings"] == []
     assert [m["sequences"] for m in live["multi_version_sequences"]] == [
-        by_version[v]["inflight_sequences"] for v in range(1, STEPS + 1)
+        by_version[v]["trainer/inflight_sequences"] for v in range(1, STEPS + 1)
     ]
     assert sum(m["sequences"] for m in live["multi_version_sequences"]) > 0, "some sequences span versions"
     assert {c["version"] for c in live["checkpoints"]} >= set(
@@ -253,10 +240,24 @@ def test_the_api_on_a_real_comparison(comparison: Comparison, api: TestClient) -
     assert live["stages"]["actor"]["tokens_per_s"] > 0, "from the actor's metrics in MLflow"
     assert any(p["pause_ms"] is not None for p in live["pauses"]), "the actor's in-flight update pauses"
     assert [e["name"] for e in live["evals"]] == ["eval/success"]
+    # The start and end evaluations sit where their policies were trained: the start at 0 s, the
+    # final policy at its last step (not minutes later, when its evaluation finished).
+    [success] = live["evals"]
+    assert success["version"] == [0, STEPS]
+    assert success["wall_s"] == [0.0, steps["wall_s"][-1]]
+    assert success["samples_trained"] == [0, steps["samples_trained"][-1]]
 
     compared = api.get(f"/api/compare?run={parent}").json()
     assert [run["label"] for run in compared["runs"]] == ["pipeline", "conventional"]
     assert compared["table"]["baselines"] == ["conventional"]
+    for run in compared["runs"]:  # the conventional run's final evaluation too
+        [success] = run["evals"]
+        assert success["wall_s"][-1] == run["steps"]["wall_s"][-1]
+    # The terminal's table and the dashboard's: the same ratio by the same name, same baseline.
+    terminal = {row.label: row.times_faster_than["conventional-G2"] for row in result.rows}
+    dashboard = {row["label"]: row["times_faster_than"]["conventional"] for row in compared["table"]["rows"]}
+    assert dashboard["conventional"] == terminal["conventional-G2"] == 1.0
+    assert (dashboard["pipeline"] is None) == (terminal["pipeline"] is None)
     run = api.get(f"/api/runs/{run_id}").json()
     assert run["links"]["mlflow"].endswith(f"/runs/{run['mlflow_run_id']}?workflowType=machine_learning")
 
@@ -294,7 +295,9 @@ def test_the_compare_page_of_a_compare_parent_overlays_both_modes(
     rows = browser.find_elements("css selector", "#compare-table tbody tr")
     assert [row.find_element("css selector", "td").text for row in rows] == ["pipeline", "conventional"]
     header = browser.find_element("css selector", "#compare-table thead").text
-    assert "speed-up vs conventional" in header and ">1 faster" in header
+    assert "× faster than conventional" in header, header
+    cells = [cell.text for cell in rows[1].find_elements("css selector", "td")]
+    assert cells[4] == "1.00×", f"the baseline against itself: {cells}"
     png = screenshot(browser, artifacts, "compare")
     for label in ("pipeline", "conventional"):
         assert colour_pixels(png, browser, "chart-lag", colours[label]) > 50, (

@@ -363,19 +363,12 @@ def test_greedy_requests_take_the_argmax_beside_sampled_ones(driver, models):
     assert any(tokens != greedy[0] for tokens in sampled), "sampled requests are not all the argmax path"
 
 
-gpu = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (NCCL, tensor parallelism)"),
-]
-
-
 @pytest.mark.parametrize(
     ("backend", "tensor_parallel_size"),
     [("ipc", 1), ("nccl", 1), ("nccl", 2)],
     ids=["colocated-ipc", "nccl-tp1", "nccl-tp2"],
 )
-@gpu[0]
-@gpu[1]
+@pytest.mark.gpu
 def test_gpu_weight_group_and_tensor_parallel_engine(backend, tensor_parallel_size, tmp_path):
     """On GPUs the weight group runs over CUDA IPC when this process (rank 0) and the engine share
     GPU 0 (cluster.colocate), else over NCCL with the engine on GPUs of its own (NCCL refuses two

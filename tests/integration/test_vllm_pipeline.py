@@ -62,7 +62,9 @@ def test_two_vllm_actors_in_async_mode_stage_weights_in_their_workers(tmp_path, 
     rank has received it. When each actor loads what it received depends on how fast it drains
     (one engine may start later and write little before the trainer is done), so loads are checked
     for order, and every trained token against the versions the actors loaded."""
-    config = vllm_config(tmp_path, vllm_model_dir, "run.mode=async", "run.max_lag=1", "actor.num_actors=2")
+    config = vllm_config(
+        tmp_path, vllm_model_dir, "run.mode=async", "run.async_drain_lag=1", "actor.num_actors=2"
+    )
     result = launch(config)
     assert result.summary["steps"] == 4
     assert result.summary["inflight_sequences"] == 0
@@ -80,8 +82,8 @@ def test_two_vllm_actors_in_async_mode_stage_weights_in_their_workers(tmp_path, 
         loaded[actor_id] = [u["policy_version"] for u in updates if "weights/update_pause_ms" in u]
         assert loaded[actor_id] == sorted(loaded[actor_id]), f"actor{actor_id} loaded in order: {loaded}"
     # Every trained token was sampled by a version some actor had loaded (0 being the start). The
-    # trainer's lag is not bounded by run.max_lag: that bounds the actor's weights against the newest
-    # staged ones, while rollouts already queued downstream age further (CI saw both actors load
+    # trainer's lag is not bounded by run.async_drain_lag: that bounds the actor's weights against the
+    # newest staged ones, while rollouts already queued downstream age further (CI saw both actors load
     # only v1 and step 4 train v1 tokens at version 3).
     sampled = set()
     for record in result.records:

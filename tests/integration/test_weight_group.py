@@ -152,7 +152,6 @@ def _member(port: int, backend: str, shapes: list, dtypes: list, results: Any) -
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(("backend", "gpus"), [("ipc", 1), ("nccl", 2)])
 def test_gpu_members_receive_every_tensor_exactly(backend, gpus):
     """ipc: the trainer and a member share GPU 0 (cluster.colocate); nccl: the member on GPU 1."""

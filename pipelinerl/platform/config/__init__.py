@@ -181,6 +181,14 @@ class PipelineConfig(Section):
                     f"{1 - share:.0%} of the shared GPU; set it at most {COLOCATED_GPU_SHARE} (e.g. 0.3), or "
                     "size the cache with actor.kv_cache_gib"
                 )
+        if self.run.mode != "conventional" and self.actor.max_in_flight < self.rl.group_size:
+            # Conventional rounds admit a group beyond H (max(H, G) in flight, workers/admission.py);
+            # the continuous modes admit whole groups up to H, so a larger group would never start.
+            raise ValueError(
+                f"actor.max_in_flight={self.actor.max_in_flight} cannot hold one group of "
+                f"rl.group_size={self.rl.group_size} samples: run.mode={self.run.mode!r} admits whole "
+                "groups up to H and would never start one; raise actor.max_in_flight or lower rl.group_size"
+            )
         if self.trainer.num_processes > 1 and self.rl.batch_size % self.trainer.num_processes:
             raise ValueError(
                 f"rl.batch_size={self.rl.batch_size} must divide evenly over "
@@ -230,7 +238,7 @@ class PipelineConfig(Section):
         """What the run is, as comparisons and MLflow's child runs name it: ``pipeline``, ``async-lag2``,
         ``conventional-G8`` or, with strict rounds (generation, then training), ``conventional-G8-strict``."""
         if self.run.mode == "async":
-            return f"async-lag{self.run.max_lag}"
+            return f"async-lag{self.run.async_drain_lag}"
         if self.run.mode != "conventional":
             return self.run.mode
         label = f"conventional-G{self.run.steps_per_round}"

@@ -38,8 +38,12 @@ class RunConfig(Section):
         "generates the rest of the round (true), or waits until the whole round is generated (false: "
         "generation, then training, as the paper's baseline runs).",
     )
-    max_lag: int = Field(
-        2, ge=1, description="async mode: versions the actor may fall behind before it drains and updates."
+    async_drain_lag: int = Field(
+        2,
+        ge=1,
+        description="async mode: versions the actor may fall behind the newest weights it received before "
+        "it drains (admits nothing until its sequences finish) and loads them. Not rl.max_lag, which "
+        "drops stale sequences before training.",
     )
     output_dir: Path = Field(
         Path("runs"), description="Each run writes its own directory, named by its run id, under this one."
@@ -67,6 +71,18 @@ class RunConfig(Section):
         description="When a stage crashes, stop every stage and start them all again from the run's "
         "latest checkpoint (or from the start), at most this many times; 0: a crash fails the run.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _max_lag_was_renamed(cls, data: Any) -> Any:
+        # Said by name rather than as an unknown setting: run.max_lag read like rl.max_lag (the
+        # preprocessor's staleness drop) and a config still using it would otherwise not say where it went.
+        if isinstance(data, dict) and "max_lag" in data:
+            raise ValueError(
+                f"run.max_lag={data['max_lag']!r} was renamed run.async_drain_lag (async mode: versions "
+                "the actor may fall behind before it drains); for dropping stale sequences see rl.max_lag"
+            )
+        return data
 
 
 class ModelConfig(Section):

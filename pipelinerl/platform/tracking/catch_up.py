@@ -8,7 +8,8 @@ their ledger rows). Whoever marks such a run crashed (``pipelinerl runs list``, 
 uses, every trainer record of a version the database lacks (its step statistics, lag histogram,
 policy version and ledger rows) and the other stages' records after the newest version it held.
 Every write is idempotent (upserts; the ledger inserts each rollout once), so two listers catching
-the same run up at once write it once.
+the same run up at once write it once. A run written before the metric renames is caught up under the
+new names (the tracker reads each trainer record through ``metric_registry.canonical_record``).
 
 MLflow is written when its URI is given and its run reachable; the database is written either way.
 """
@@ -24,6 +25,7 @@ from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.jsonl import JsonlTail
 from pipelinerl.platform.tracking.db import utcnow
 from pipelinerl.platform.tracking.liveness import HEARTBEAT_STALE_S, liveness_here
+from pipelinerl.platform.tracking.metric_registry import POLICY_VERSION, STEP
 from pipelinerl.platform.tracking.mlflow_store import MLFLOW_STATUS, MlflowStore, artifact_root
 from pipelinerl.platform.tracking.run_tracker import RunTracker
 from pipelinerl.platform.tracking.store import PlatformStore, RunRow
@@ -67,18 +69,16 @@ def missing_records(run_dir: Path, num_actors: int, recorded: set[int]) -> list[
         records += [
             ("actor", r)
             for r in _records(run_dir / f"actor{actor_id}.jsonl")
-            if int(r["policy_version"]) > newest
+            if int(r[POLICY_VERSION]) > newest
         ]
     records += [
-        ("preprocessor", r) for r in _records(run_dir / "preprocessor.jsonl") if int(r["step"]) > newest
+        ("preprocessor", r) for r in _records(run_dir / "preprocessor.jsonl") if int(r[STEP]) > newest
     ]
     records += [
-        ("eval_round", r) for r in _records(run_dir / "eval.jsonl") if int(r["policy_version"]) > newest
+        ("eval_round", r) for r in _records(run_dir / "eval.jsonl") if int(r[POLICY_VERSION]) > newest
     ]
     records += [
-        ("trainer", r)
-        for r in _records(run_dir / "metrics.jsonl")
-        if int(r["policy_version"]) not in recorded
+        ("trainer", r) for r in _records(run_dir / "metrics.jsonl") if int(r[POLICY_VERSION]) not in recorded
     ]
     return records
 
@@ -104,7 +104,7 @@ def catch_up(store: PlatformStore, run: RunRow, mlflow_uri: str | None = None) -
         ledger_before = len(store.consumed_ids(run.id))
         if not RunTracker.attach(config, run.id, store, mlflow, run.mlflow_run_id).write(records):
             notes.append("a store refused some records (see the log)")
-        written = sorted(int(record["policy_version"]) for kind, record in records if kind == "trainer")
+        written = sorted(int(record[POLICY_VERSION]) for kind, record in records if kind == "trainer")
         ledger_rows = len(store.consumed_ids(run.id)) - ledger_before
     if mlflow is not None and run.mlflow_run_id is not None and run.status == "crashed":
         try:  # after the records: MLflow takes points for an ended run as for a running one

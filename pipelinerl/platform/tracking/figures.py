@@ -25,6 +25,17 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 
 from pipelinerl.platform.tracking.comparison import DEFAULT_WINDOW, smoothed_rewards  # noqa: E402
+from pipelinerl.platform.tracking.metric_registry import (  # noqa: E402
+    ESS,
+    LAG_BY_POSITION,
+    LAG_HISTOGRAM,
+    LAG_MEAN,
+    LAG_POSITION_BUCKET_SIZE,
+    POLICY_VERSION,
+    REWARD_MEAN,
+    SAMPLES_TRAINED,
+    WALL_S,
+)
 
 Record = Mapping[str, Any]
 EvalPoint = tuple[float, float]  # (wall seconds since training started, held-out success)
@@ -36,23 +47,23 @@ def _figure(width: float = 6.0, height: float = 3.6) -> Figure:
 
 def total_lag_histogram(records: Sequence[Record]) -> list[int]:
     """Per-step histograms summed bin by bin (the last bin is the overflow bin)."""
-    bins = max((len(r["lag/histogram"]) for r in records), default=0)
+    bins = max((len(r[LAG_HISTOGRAM]) for r in records), default=0)
     total = [0] * bins
     for record in records:
-        for lag, count in enumerate(record["lag/histogram"]):
+        for lag, count in enumerate(record[LAG_HISTOGRAM]):
             total[lag] += count
     return total
 
 
 def mean_lag_by_position(records: Sequence[Record]) -> list[float | None]:
     """For each position bucket, the mean over steps of that step's mean lag there."""
-    buckets = max((len(r["lag/by_position"]) for r in records), default=0)
+    buckets = max((len(r[LAG_BY_POSITION]) for r in records), default=0)
     means: list[float | None] = []
     for bucket in range(buckets):
         values = [
-            r["lag/by_position"][bucket]
+            r[LAG_BY_POSITION][bucket]
             for r in records
-            if bucket < len(r["lag/by_position"]) and r["lag/by_position"][bucket] is not None
+            if bucket < len(r[LAG_BY_POSITION]) and r[LAG_BY_POSITION][bucket] is not None
         ]
         means.append(sum(values) / len(values) if values else None)
     return means
@@ -98,7 +109,7 @@ def lag_histogram(records: Sequence[Record], title: str = "") -> Figure:
 def lag_by_position(records: Sequence[Record], title: str = "") -> Figure:
     figure = _figure()
     axes = figure.add_subplot()
-    size = records[0]["lag/position_bucket_size"] if records else 1
+    size = records[0][LAG_POSITION_BUCKET_SIZE] if records else 1
     means = mean_lag_by_position(records)
     points = [(bucket * size, mean) for bucket, mean in enumerate(means) if mean is not None]
     axes.plot([p for p, _ in points], [m for _, m in points], marker="o", color="tab:orange")
@@ -112,8 +123,8 @@ def learning_curves(records: Sequence[Record], evals: Sequence[EvalPoint], title
     figure = _figure()
     axes = figure.add_subplot()
     axes.plot(
-        [r["wall_s"] for r in records],
-        [r["rl/reward_mean"] for r in records],
+        [r[WALL_S] for r in records],
+        [r[REWARD_MEAN] for r in records],
         label="train reward",
         alpha=0.7,
     )
@@ -130,7 +141,7 @@ def learning_curves(records: Sequence[Record], evals: Sequence[EvalPoint], title
 def ess_by_step(records: Sequence[Record], title: str = "") -> Figure:
     figure = _figure()
     axes = figure.add_subplot()
-    axes.plot([r["policy_version"] for r in records], [r["rl/ess"] for r in records], color="tab:green")
+    axes.plot([r[POLICY_VERSION] for r in records], [r[ESS] for r in records], color="tab:green")
     axes.set_xlabel("policy version")
     axes.set_ylabel("ESS")
     axes.set_ylim(0, 1.05)
@@ -148,17 +159,17 @@ def comparison(runs: Mapping[str, Sequence[Record]], title: str = "", window: in
     by_time, by_samples, ess, lag = figure.subplots(2, 2).flat
     for index, (label, records) in enumerate(runs.items()):
         color = f"C{index}"
-        raw = [r["rl/reward_mean"] for r in records]
+        raw = [r[REWARD_MEAN] for r in records]
         smooth = smoothed_rewards(records, window)
         for axes, x in (
-            (by_time, [r["wall_s"] for r in records]),
-            (by_samples, [r["samples/trained"] for r in records]),
+            (by_time, [r[WALL_S] for r in records]),
+            (by_samples, [r[SAMPLES_TRAINED] for r in records]),
         ):
             axes.plot(x, raw, color=color, alpha=0.25, linewidth=0.8)
             axes.plot(x, smooth, color=color, label=f"{label} (mean of {window} steps)")
-        versions = [r["policy_version"] for r in records]
-        ess.plot(versions, [r["rl/ess"] for r in records], color=color, label=label)
-        lag.plot(versions, [r["lag/mean"] for r in records], color=color, label=label)
+        versions = [r[POLICY_VERSION] for r in records]
+        ess.plot(versions, [r[ESS] for r in records], color=color, label=label)
+        lag.plot(versions, [r[LAG_MEAN] for r in records], color=color, label=label)
     for axes, xlabel, ylabel in (
         (by_time, "wall time (s)", "train reward"),
         (by_samples, "samples trained", "train reward"),
@@ -207,16 +218,16 @@ def paper_figures(
     width = 0.8 / max(1, len(runs))
     for index, (label, records) in enumerate(runs.items()):
         color = f"C{index}"
-        size = records[0]["lag/position_bucket_size"] if records else 1
+        size = records[0][LAG_POSITION_BUCKET_SIZE] if records else 1
         points = [(b * size, m) for b, m in enumerate(mean_lag_by_position(records)) if m is not None]
         by_position.plot([p for p, _ in points], [m for _, m in points], marker=".", color=color, label=label)
         fractions = lag_fractions(records)
         offsets = [lag - 0.4 + width * (index + 0.5) for lag in range(len(fractions))]
         histogram.bar(offsets, fractions, width=width, color=color, label=label)
-        versions = [r["policy_version"] for r in records]
-        ess.plot(versions, [r["rl/ess"] for r in records], color=color, label=label)
-        walls = [r["wall_s"] for r in records]
-        reward.plot(walls, [r["rl/reward_mean"] for r in records], color=color, alpha=0.25, linewidth=0.8)
+        versions = [r[POLICY_VERSION] for r in records]
+        ess.plot(versions, [r[ESS] for r in records], color=color, label=label)
+        walls = [r[WALL_S] for r in records]
+        reward.plot(walls, [r[REWARD_MEAN] for r in records], color=color, alpha=0.25, linewidth=0.8)
         reward.plot(
             walls, smoothed_rewards(records, window), color=color, label=f"{label} (mean of {window})"
         )

@@ -1,138 +1,88 @@
-"""Metric names of a run (stable; ``step`` is always the policy version) and the pure mapping from
-each stage's records to them."""
+"""The pure mapping from each stage's records to a run's MLflow metrics (``step`` is always the policy
+version). What each name means, its unit and the derived statistics are in ``metric_registry``; here
+only which of a record's keys the tracker logs, under which name."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
-# Stable metric names (step = policy version).
-METRICS = (
-    "rl/loss",
-    "rl/reward_mean",
-    "rl/ess",
-    "rl/ess_truncated",
-    "rl/clipped_fraction",
-    "rl/behaviour_mismatch",
-    "lag/mean",
-    "lag/p50",
-    "lag/p90",
-    "lag/max",
-    "completion_len_mean",
-    "completion_len_p50",
-    "completion_len_p90",
-    "completion_len_max",
-    "eval/success",
-    "throughput/actor_tokens_per_s",
-    "throughput/trainer_tokens_per_s",
-    "actor/idle_fraction",
-    "trainer/idle_fraction",
-    "weights/update_pause_ms",
-    "weights/broadcast_ms",
-    "queue/rollouts",
-    "samples/trained",
-    "tokens/trained",
-    "ledger/duplicates",
-    "run/restarts",
-    # Refused input, running counts per stage (docs/reliability.md): damaged frames, impossible values.
-    "trainer/malformed",
-    "trainer/rejected",
-    "actor/malformed",
-    "preprocessor/malformed",
-    "preprocessor/rejected",
-    "preprocessor/peer_disconnects",
-    "preprocessor/lost",
-    "preprocessor/lost_from_actors",
-    "preprocessor/unauthenticated",
-    "actor/notices_lost",
-)
-_TRAINER_KEYS = (
-    "rl/loss",
-    "rl/reward_mean",
-    "rl/ess",
-    "rl/clipped_fraction",
-    "rl/behaviour_mismatch",
-    "lag/mean",
-    "lag/p50",
-    "lag/p90",
-    "lag/max",
-    "samples/trained",
-    "tokens/trained",
-    "weights/broadcast_ms",
-    "rl/ess_truncated",
-    "completion_len_mean",
-    "completion_len_p50",
-    "completion_len_p90",
-    "completion_len_max",
-    "trainer/malformed",
-    "trainer/rejected",
-)
-_ACTOR_KEYS = (
-    "throughput/actor_tokens_per_s",
-    "actor/idle_fraction",
-    "weights/update_pause_ms",
-    "actor/malformed",
-    "actor/notices_lost",
-)
-_PREPROCESSOR_COUNTS = (
-    "preprocessor/malformed",
-    "preprocessor/rejected",
-    "preprocessor/peer_disconnects",
-    "preprocessor/lost",
-    "preprocessor/lost_from_actors",
-    "preprocessor/unauthenticated",
-)
+from pipelinerl.platform.tracking import metric_registry as registry
 
 
-# ----- pure mapping from stage records to metrics -----
+def logged(record: Mapping[str, Any], owner: registry.Owner) -> dict[str, float]:
+    """The keys of ``owner``'s record that the registry says MLflow gets, under their own names."""
+    metrics = {}
+    for key, value in record.items():
+        metric = registry.declaration(key)
+        if metric is not None and metric.owner == owner and metric.mlflow and metric.kind == "metric":
+            metrics[key] = float(value)
+    return metrics
+
+
+_TRAINER_DERIVED = tuple(m.name for m in registry.METRICS if m.owner == "trainer" and m.derive is not None)
 
 
 def trainer_metrics(record: Mapping[str, Any]) -> dict[str, float]:
-    """Stable metrics of one trainer record (one optimizer step)."""
-    metrics = {key: float(record[key]) for key in _TRAINER_KEYS if key in record}
-    busy = float(record["trainer/step_s"]) + float(record.get("weights/broadcast_ms", 0.0)) / 1000
-    total = busy + float(record["trainer/wait_s"])
-    metrics["trainer/idle_fraction"] = float(record["trainer/wait_s"]) / total if total > 0 else 0.0
-    metrics["throughput/trainer_tokens_per_s"] = float(record["tokens"]) / total if total > 0 else 0.0
+    """Metrics of one trainer record (one optimizer step), with its derived statistics (trainer
+    tokens/s and idle fraction: ``metric_registry.trainer_tokens_per_s``)."""
+    metrics = logged(record, "trainer")
+    for name in _TRAINER_DERIVED:
+        value = registry.derive(name, record)
+        if value is not None:
+            metrics[name] = value
     return metrics
 
 
 def actor_metrics(record: Mapping[str, Any]) -> dict[str, float]:
-    """Stable metrics of one actor record (one loaded weight update); actors > 0 get a prefix."""
-    actor_id = int(record.get("actor_id", 0))
-    prefix = "" if actor_id == 0 else f"actor{actor_id}:"
-    return {prefix + key: float(record[key]) for key in _ACTOR_KEYS if key in record}
+    """One actor record's metrics under the actor's own names (``actor/<k>/...``, see the registry)."""
+    actor_id = int(record.get(registry.ACTOR_ID, 0))
+    return {registry.per_actor_name(key, actor_id): value for key, value in logged(record, "actor").items()}
 
 
-def preprocessor_metrics(record: Mapping[str, Any]) -> dict[str, float]:
-    """The rollout queue, the running counts of scored rollouts by label (``scores/correct``, ...), of
-    samples dropped (``samples/dropped_stale``, ``samples/dropped_zero_variance``, ...) and of refused
-    input (``preprocessor/malformed``, ``preprocessor/rejected``, ``preprocessor/peer_disconnects``) and
-    of rollouts numbered but never received (``preprocessor/lost``; of them, the run's actors'
-    ``preprocessor/lost_from_actors``)."""
-    metrics = {"queue/rollouts": float(record["queue/rollouts"])}
-    metrics.update({key: float(record[key]) for key in _PREPROCESSOR_COUNTS if key in record})
-    metrics.update(
-        {
-            key: float(value)
-            for key, value in record.items()
-            if key.startswith(("scores/", "samples/dropped_"))
-        }
-    )
+def all_actors_metrics(latest: Mapping[int, Mapping[str, Any]]) -> dict[str, float]:
+    """The actors together, under the plain names, from each actor's latest record: rates and counts
+    summed, fractions and pauses averaged (``metric_registry.ACTOR_AGGREGATES``)."""
+    metrics = {}
+    for key, how in registry.ACTOR_AGGREGATES.items():
+        values = [float(record[key]) for record in latest.values() if key in record]
+        if values and (declared := registry.declaration(key)) is not None and declared.mlflow:
+            metrics[key] = sum(values) if how == "sum" else statistics.fmean(values)
     return metrics
 
 
-def eval_metrics(record: dict[str, Any]) -> dict[str, float]:
+def preprocessor_metrics(record: Mapping[str, Any]) -> dict[str, float]:
+    """The rollout queue and the preprocessor's running counts: scored rollouts by label
+    (``scores/correct``, ...), samples dropped by reason (``samples/dropped_stale``, ...), refused input
+    (``preprocessor/malformed``, ...) and rollouts numbered but never received (``preprocessor/lost``)."""
+    return logged(record, "preprocessor")
+
+
+def eval_metrics(record: Mapping[str, Any]) -> dict[str, float]:
     """Metrics of an in-run eval record (``workers/evaluation.py``): ``eval/<set>/pass_at_1``, pass_at_k,
-    mean reward and length, and the label counts. MLflow refuses ``@`` in a metric name, so the
-    record's ``pass@k`` is logged as ``pass_at_k``."""
-    prefix = f"eval/{record['set']}/"
+    mean reward and length, and the label counts (``eval/<set>/scores/<label>``). MLflow refuses ``@``
+    in a metric name, so the record's ``pass@k`` is logged as ``pass_at_k``."""
+    eval_set = record[registry.EVAL_SET]
     metrics = {
-        prefix + "pass_at_1": float(record["pass@1"]),
-        prefix + "mean_reward": float(record["mean_reward"]),
-        prefix + "mean_length": float(record["mean_length"]),
+        registry.name_of(registry.EVAL_SET_PASS_AT, set=eval_set, k=1): float(
+            record[registry.name_of(registry.EVAL_PASS_AT, k=1)]
+        ),
+        registry.name_of(registry.EVAL_SET_MEAN_REWARD, set=eval_set): float(
+            record[registry.EVAL_MEAN_REWARD]
+        ),
+        registry.name_of(registry.EVAL_SET_MEAN_LENGTH, set=eval_set): float(
+            record[registry.EVAL_MEAN_LENGTH]
+        ),
     }
-    if (k := record["samples"]) > 1:
-        metrics[prefix + f"pass_at_{k}"] = float(record[f"pass@{k}"])
-    metrics.update({prefix + label: float(count) for label, count in record["labels"].items()})
+    if (k := record[registry.EVAL_SAMPLES]) > 1:
+        metrics[registry.name_of(registry.EVAL_SET_PASS_AT, set=eval_set, k=k)] = float(
+            record[registry.name_of(registry.EVAL_PASS_AT, k=k)]
+        )
+    metrics.update(
+        {
+            registry.name_of(registry.EVAL_SET_SCORES, set=eval_set, label=label): float(count)
+            for label, count in record[registry.EVAL_LABELS].items()
+        }
+    )
     return metrics

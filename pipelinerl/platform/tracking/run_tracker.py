@@ -5,13 +5,14 @@ launcher process hands each new record to a ``RunTracker``, whose background thr
 in batches (``log_batch``) every ``tracking.flush_interval_s`` seconds. A slow or unreachable
 server therefore delays the charts, never a stage.
 
-Metric names are stable (``METRICS``); ``step`` is always the policy version. What the tracker
-records:
+Metric names are declared in ``metric_registry``; ``step`` is always the policy version. What the
+tracker records:
 
 * params: the whole resolved config, flattened (``run.mode``, ``rl.batch_size``, ...);
 * tags: mode, task, model, git commit, Prefect flow-run id (when there is one), parent run;
-* metrics per optimizer step from the trainer, per weight update from each actor, per batch
-  from the preprocessor, and held-out success when evaluated;
+* metrics per optimizer step from the trainer, per weight update from each actor (all actors under
+  the plain names, each under ``actor/<k>/...``), per batch from the preprocessor, and held-out
+  success when evaluated;
 * figures (``platform/tracking/figures.py``) every ``tracking.figures_every`` versions and at the end;
 * checkpoints as MLflow logged models carrying the policy version, samples trained and location;
 * the platform database: the run row, per-step statistics, lag histograms, policy versions, and
@@ -32,9 +33,11 @@ from typing import Any
 
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.restart_records import Discarded
+from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.tracking.liveness import HEARTBEAT_S, this_process
 from pipelinerl.platform.tracking.metrics import (
     actor_metrics,
+    all_actors_metrics,
     eval_metrics,
     preprocessor_metrics,
     trainer_metrics,
@@ -66,6 +69,7 @@ class TrackedRun:
     # Policy-version fields that may arrive before the trainer's record of that version.
     versions: dict[int, dict[str, Any]] = field(default_factory=dict)
     pending: dict[int, dict[str, Any]] = field(default_factory=dict)
+    actors: dict[int, dict[str, Any]] = field(default_factory=dict)  # each actor's latest record
 
 
 def unreachable(error: BaseException) -> bool:
@@ -210,7 +214,7 @@ class RunTracker:
         if summary is not None:
             self._writes.append(lambda: mlflow.log_dict(run_id, summary, "summary.json"))
             self._points.extend(
-                MetricPoint(f"summary/{key}", float(value), 0, time.time())
+                MetricPoint(registry.summary_name(key), float(value), 0, time.time())
                 for key, value in summary.items()
                 if isinstance(value, int | float) and not isinstance(value, bool)
             )
@@ -272,7 +276,8 @@ class RunTracker:
         while not self._stop.wait(self.config.tracking.flush_interval_s):
             self._flush()
             every = self.config.tracking.figures_every
-            newest = self.seen.trainer_records[-1]["policy_version"] if self.seen.trainer_records else 0
+            records = self.seen.trainer_records
+            newest = records[-1][registry.POLICY_VERSION] if records else 0
             if every and newest - self._last_figures_version >= every:
                 self._last_figures_version = newest
                 self._writes.append(self._log_figures)
@@ -331,22 +336,21 @@ class RunTracker:
         if kind == "trainer":
             self._trainer_record(payload)
         elif kind == "actor":
-            for key, value in actor_metrics(payload).items():
-                self._points.append(MetricPoint(key, value, int(payload["policy_version"]), payload["time"]))
-            if "weights/update_pause_ms" in payload and int(payload.get("actor_id", 0)) == 0:
-                self._policy_version(
-                    int(payload["policy_version"]), pause_ms=float(payload["weights/update_pause_ms"])
-                )
+            self._actor_record(payload)
         elif kind == "preprocessor":
             for key, value in preprocessor_metrics(payload).items():
-                self._points.append(MetricPoint(key, value, int(payload["step"]), payload["time"]))
+                self._points.append(
+                    MetricPoint(key, value, int(payload[registry.STEP]), payload[registry.TIME])
+                )
         elif kind == "eval":
             version, success, wall_s = payload
             self.seen.evals.append((wall_s, success))
-            self._points.append(MetricPoint("eval/success", success, version, time.time()))
+            self._points.append(MetricPoint(registry.EVAL_SUCCESS, success, version, time.time()))
         elif kind == "eval_round":
             for key, value in eval_metrics(payload).items():
-                self._points.append(MetricPoint(key, value, int(payload["policy_version"]), payload["time"]))
+                self._points.append(
+                    MetricPoint(key, value, int(payload[registry.POLICY_VERSION]), payload[registry.TIME])
+                )
         elif kind == "restart":
             self._restart(*payload)
         elif kind == "checkpoint":
@@ -355,38 +359,58 @@ class RunTracker:
                 self._writes.append(lambda: mlflow.log_checkpoint(run_id, name, payload))
             self._policy_version(payload.policy_version, checkpoint_path=payload.path)
 
+    def _actor_record(self, record: dict[str, Any]) -> None:
+        """Each actor under its own names, then all actors together under the plain names, as of each
+        one's latest record (the registry's ``ACTOR_AGGREGATES``)."""
+        actor_id = int(record.get(registry.ACTOR_ID, 0))
+        version, at = int(record[registry.POLICY_VERSION]), float(record[registry.TIME])
+        self.seen.actors[actor_id] = record
+        for key, value in {**actor_metrics(record), **all_actors_metrics(self.seen.actors)}.items():
+            self._points.append(MetricPoint(key, value, version, at))
+        if registry.UPDATE_PAUSE_MS in record and actor_id == 0:
+            self._policy_version(version, pause_ms=float(record[registry.UPDATE_PAUSE_MS]))
+
     def _trainer_record(self, record: dict[str, Any]) -> None:
-        version = int(record["policy_version"])
+        record = registry.canonical_record(record, "trainer")  # a run written before the renames too
+        version = int(record[registry.POLICY_VERSION])
         self.seen.trainer_records.append(record)
-        created_at = datetime.fromtimestamp(float(record["time"]), UTC)
-        entries = [(rollout_id, produced_by, version) for rollout_id, produced_by in record["rollouts"]]
+        created_at = datetime.fromtimestamp(float(record[registry.TIME]), UTC)
+        entries = [
+            (rollout_id, produced_by, version) for rollout_id, produced_by in record[registry.ROLLOUTS]
+        ]
 
         def ledger_and_step() -> None:
             # One ledger transaction: retried whole after an outage, so no id is counted twice.
             duplicates = self.store.record_consumed(self.run_id, entries)
             self.seen.duplicates += len(duplicates)
             self._points.append(
-                MetricPoint("ledger/duplicates", float(self.seen.duplicates), version, float(record["time"]))
+                MetricPoint(
+                    registry.LEDGER_DUPLICATES,
+                    float(self.seen.duplicates),
+                    version,
+                    float(record[registry.TIME]),
+                )
             )
             self.store.record_step(
-                self.run_id, version, record, record["lag/histogram"], created_at=created_at
+                self.run_id, version, record, record[registry.LAG_HISTOGRAM], created_at=created_at
             )
 
         self._writes.append(ledger_and_step)
         self.seen.versions[version] = {
-            "samples_trained": int(record["samples/trained"]),
-            "tokens_trained": int(record["tokens/trained"]),
+            "samples_trained": int(record[registry.SAMPLES_TRAINED]),
+            "tokens_trained": int(record[registry.TOKENS_TRAINED]),
             "created_at": created_at,
         }
-        self._policy_version(version, broadcast_ms=record.get("weights/broadcast_ms"))
+        self._policy_version(version, broadcast_ms=record.get(registry.WEIGHTS_BROADCAST_MS))
         self._points.extend(
-            MetricPoint(key, value, version, float(record["time"]))
+            MetricPoint(key, value, version, float(record[registry.TIME]))
             for key, value in trainer_metrics(record).items()
         )
-        if "checkpoint" in record:
-            self._process(
-                "checkpoint", CheckpointRecord(version, int(record["samples/trained"]), record["checkpoint"])
+        if registry.CHECKPOINT in record:
+            checkpoint = CheckpointRecord(
+                version, int(record[registry.SAMPLES_TRAINED]), record[registry.CHECKPOINT]
             )
+            self._process("checkpoint", checkpoint)
 
     def _restart(self, restarts: int, discarded: Discarded) -> None:
         """Cut the run's records back to the checkpoint resumed from: the database forgets the
@@ -394,21 +418,23 @@ class RunTracker:
         history cannot be rewritten, gets the redone versions again at the same steps (the later point
         of a step is the surviving one), the restart's counts and a tag saying what was discarded."""
         version = discarded.resumed_from_version
-        self.seen.trainer_records = [r for r in self.seen.trainer_records if r["policy_version"] <= version]
+        self.seen.trainer_records = [
+            r for r in self.seen.trainer_records if r[registry.POLICY_VERSION] <= version
+        ]
         for newer in [v for v in self.seen.versions if v > version]:
             del self.seen.versions[newer]
         for newer in [v for v in self.seen.pending if v > version]:
             del self.seen.pending[newer]
-        # Not yet written: the discarded versions' points need not reach MLflow at all.
-        self._points = [p for p in self._points if p.step <= version or p.key.startswith("eval/")]
+        # Not yet written: the discarded versions' points need not reach MLflow at all (evaluations stay).
+        self._points = [p for p in self._points if p.step <= version or _is_evaluation(p.key)]
         now = time.time()
         self._points.extend(
             MetricPoint(key, float(value), version, now)
             for key, value in (
-                ("run/restarts", restarts),
-                ("restart/discarded_versions", len(discarded.discarded_versions)),
-                ("restart/discarded_rollouts", discarded.discarded_rollouts),
-                ("restart/lost_in_flight", discarded.lost_in_flight),
+                (registry.RUN_RESTARTS, restarts),
+                (registry.RESTART_DISCARDED_VERSIONS, len(discarded.discarded_versions)),
+                (registry.RESTART_DISCARDED_ROLLOUTS, discarded.discarded_rollouts),
+                (registry.RESTART_LOST_IN_FLIGHT, discarded.lost_in_flight),
             )
         )
         mlflow, mlflow_run_id, store, run_id = self.mlflow, self.mlflow_run_id, self.store, self.run_id
@@ -441,3 +467,9 @@ class RunTracker:
             ("ess_by_step", figures.ess_by_step(records)),
         ):
             self.mlflow.log_figure(self.mlflow_run_id, figure, f"figures/{name}.png")
+
+
+def _is_evaluation(key: str) -> bool:
+    """An evaluation's metric (in-run ``eval/<set>/...`` or the held-out ``eval/success``)."""
+    metric = registry.declaration(key)
+    return metric is not None and (metric.owner == "eval" or metric.name == registry.EVAL_SUCCESS)

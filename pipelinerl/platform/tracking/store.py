@@ -35,6 +35,7 @@ from pipelinerl.platform.tracking.db import (
     utcnow,
 )
 from pipelinerl.platform.tracking.liveness import HEARTBEAT_STALE_S, Liveness
+from pipelinerl.platform.tracking.metric_registry import stored_fields
 
 FINISHED_STATUSES = tuple(status for status in RUN_STATUSES if status != "running")
 # Rows per INSERT statement: far below SQLite's 32,766 and PostgreSQL's 65,535 bound parameters.
@@ -43,19 +44,7 @@ INSERT_CHUNK_ROWS = 1000
 AMBIGUOUS_CANDIDATES_SHOWN = 10
 
 # step_stats column -> the key of the trainer's per-step record (metrics.jsonl) that fills it.
-STEP_STAT_KEYS: dict[str, str] = {
-    "loss": "rl/loss",
-    "reward_mean": "rl/reward_mean",
-    "ess": "rl/ess",
-    "lag_mean": "lag/mean",
-    "lag_p50": "lag/p50",
-    "lag_p90": "lag/p90",
-    "lag_max": "lag/max",
-    "tokens": "tokens",
-    "samples": "samples",
-    "step_s": "trainer/step_s",
-    "wait_s": "trainer/wait_s",
-}
+STEP_STAT_KEYS: dict[str, str] = stored_fields("step_stats")
 INTEGER_STEP_STATS = frozenset({"lag_max", "tokens", "samples"})
 
 
@@ -306,8 +295,9 @@ class PlatformStore:
     ) -> None:
         """Store the statistics and lag histogram of the step that produced ``version``.
 
-        ``stats`` is the trainer's per-step record (``rl/loss``, ``rl/ess``, ``lag/mean``, ``tokens``,
-        ``trainer/step_s`` ..., see ``STEP_STAT_KEYS``) or a dict keyed by the column names; other keys
+        ``stats`` is the trainer's per-step record (``rl/loss``, ``rl/ess``, ``lag/mean``,
+        ``trainer/tokens``, ``trainer/step_s`` ..., see ``STEP_STAT_KEYS``; the tracker renames a record
+        written before the renames first) or a dict keyed by the column names; other keys
         are ignored (the full record lives in ``metrics.jsonl`` and MLflow). ``lag_histogram`` maps a
         lag to its token count, or is a list whose entry k counts lag k; zero counts are not stored.
         Recording a version again replaces what was stored for it.

@@ -176,21 +176,29 @@ const Dashboard = (() => {
       box.querySelector(".figure").textContent = figure;
       box.querySelector(".idle").textContent = idleName + " " + (idle === null || idle === undefined ? "–" : Math.round(100 * idle) + " %");
     };
-    stage("stage-actor", num(stages.actor.tokens_per_s, 0) + " tokens/s", stages.actor.idle_fraction);
+    // units from the metric registry (the API names each box's metrics and their units)
+    stage("stage-actor", num(stages.actor.tokens_per_s, 0) + " " + stages.actor.units.tokens_per_s, stages.actor.idle_fraction);
     stage("stage-preprocessor", num(stages.preprocessor.samples_per_s, 1) + " samples/s", stages.preprocessor.held_fraction, "held for the trainer");
-    stage("stage-trainer", num(stages.trainer.tokens_per_s, 0) + " tokens/s", stages.trainer.idle_fraction);
+    stage("stage-trainer", num(stages.trainer.tokens_per_s, 0) + " " + stages.trainer.units.tokens_per_s, stages.trainer.idle_fraction);
     document.querySelector("#queue-rollouts span").textContent = stages.rollout_queue ?? "–";
     document.querySelector("#queue-batches span").textContent = stages.batches_ahead ?? "–";
   }
 
+  // The raw train reward (faint) and its trailing mean (the series the time to target is read from).
+  const trailingName = (steps) => `trailing mean (${steps.reward_window} steps)`;
+
   function drawRunCharts(steps, live, histogram, heatmap) {
-    const reward = (x) => ({ x, y: steps.reward_mean, name: "train reward", mode: "lines+markers", line: { color: PALETTE[0] } });
+    const reward = (x) => [
+      { x, y: steps.reward_mean, name: "train reward", mode: "lines+markers", opacity: 0.45, line: { color: PALETTE[0], width: 1 }, marker: { size: 4 } },
+      { x, y: steps.reward_trailing_mean, name: trailingName(steps), mode: "lines", line: { color: PALETTE[0], width: 2.5 } },
+    ];
+    // Each evaluation sits where its policy was trained (the step that produced its version).
     const evals = (axis) => live.evals.map((series, i) => ({
       x: series[axis], y: series.value, name: series.name, mode: "markers+lines",
       line: { color: PALETTE[(i + 1) % PALETTE.length], dash: "dot" },
     }));
-    draw("chart-reward-time", [reward(steps.wall_s), ...evals("wall_s")], layout("Reward and held-out eval against wall time", "seconds since training started", "success"));
-    draw("chart-reward-samples", [reward(steps.samples_trained), ...evals("samples_trained")], layout("Reward and held-out eval against samples", "samples trained", "success"));
+    draw("chart-reward-time", [...reward(steps.wall_s), ...evals("wall_s")], layout("Reward and held-out eval against wall time", "seconds since training started", "success"));
+    draw("chart-reward-samples", [...reward(steps.samples_trained), ...evals("samples_trained")], layout("Reward and held-out eval against samples", "samples trained", "success"));
     draw("chart-ess", [{ x: steps.version, y: steps.ess, name: "ESS", mode: "lines+markers", line: { color: PALETTE[2] } }], layout("ESS per step", "policy version", "ESS", ESS_AXIS));
     draw("chart-lag-histogram", [{ x: histogram.lag, y: histogram.count, type: "bar", name: "tokens", marker: { color: PALETTE[0] } }],
       layout(`Token lag, step v${histogram.version ?? "–"}`, "lag (versions behind the trainer)", "tokens", { xaxis: { dtick: 1, title: { text: "lag (versions behind the trainer)" } } }));
@@ -225,8 +233,17 @@ const Dashboard = (() => {
         x, y, name: run.label, mode: "lines", line: { color: PALETTE[i % PALETTE.length], ...extra }, legendgroup: run.label,
       });
       const per = (fn) => data.runs.map((run, i) => fn(run, i)).flat();
-      draw("chart-reward-time", per((r, i) => line(r, i, r.steps.wall_s, r.steps.reward_mean)), layout("Train reward against wall time", "seconds since training started", "reward"));
-      draw("chart-reward-samples", per((r, i) => line(r, i, r.steps.samples_trained, r.steps.reward_mean)), layout("Train reward against samples", "samples trained", "reward"));
+      // Per run: the raw train reward (faint) and its trailing mean, whose first crossing of the
+      // target line is the run's time to target in the table below.
+      const rewards = (r, i, x) => [
+        { ...line(r, i, x, r.steps.reward_mean, { width: 1 }), opacity: 0.35, name: `${r.label} train reward`, showlegend: false },
+        { ...line(r, i, x, r.steps.reward_trailing_mean, { width: 2.5 }), name: `${r.label} ${trailingName(r.steps)}` },
+      ];
+      const target = data.table.target === null ? {} : {
+        shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: data.table.target, y1: data.table.target, line: { color: "#555", dash: "dot", width: 1 } }],
+      };
+      draw("chart-reward-time", per((r, i) => rewards(r, i, r.steps.wall_s)), layout("Train reward against wall time (bold: trailing mean, dotted: target)", "seconds since training started", "reward", target));
+      draw("chart-reward-samples", per((r, i) => rewards(r, i, r.steps.samples_trained)), layout("Train reward against samples (bold: trailing mean, dotted: target)", "samples trained", "reward", target));
       // one colour per run, one dash per evaluation (in-run pass@1, start and end success)
       const evalNames = [...new Set(data.runs.flatMap((r) => r.evals.map((e) => e.name)))].sort();
       const evalLine = (r, i, e, x) => ({
@@ -245,15 +262,15 @@ const Dashboard = (() => {
   function drawCompareTable(table) {
     document.getElementById("target").textContent = table.target === null
       ? "No target: no run has a step yet."
-      : `Target: trailing mean (${table.window} steps) of the train reward ≥ ${num(table.target)}. ` + table.ratio.replace("speedup_vs[B]", "speed-up vs B");
+      : `Target: trailing mean (${table.window} steps) of the train reward ≥ ${num(table.target)}; ${table.meaning}.`;
     const baselines = table.baselines;
     document.querySelector("#compare-table thead").innerHTML = "<tr><th>run</th><th>mode</th><th>time to target</th><th>samples to target</th>"
-      + baselines.map((b) => `<th title="${escapeHtml(b)}'s time to target ÷ this run's">speed-up vs ${escapeHtml(b)} (×, &gt;1 faster)</th>`).join("")
+      + baselines.map((b) => `<th title="${escapeHtml(b)}'s time to target ÷ this run's (above 1: this run got there sooner)">× faster than ${escapeHtml(b)}</th>`).join("")
       + "<th>mean ESS</th><th>mean lag</th><th>max lag</th><th>steps</th></tr>";
     document.querySelector("#compare-table tbody").innerHTML = table.rows.map((row) => `<tr>
       <td>${escapeHtml(row.label)}</td><td>${escapeHtml(row.mode)}</td><td class="num">${row.time_to_target_s === null ? "not reached" : duration(row.time_to_target_s)}</td>
       <td class="num">${row.samples_to_target ?? "–"}</td>
-      ${baselines.map((b) => `<td class="num">${num(row.speedup_vs[b], 2)}</td>`).join("")}
+      ${baselines.map((b) => `<td class="num">${row.times_faster_than[b] === null ? "–" : num(row.times_faster_than[b], 2) + "×"}</td>`).join("")}
       <td class="num">${num(row.ess_mean)}</td><td class="num">${num(row.lag_mean, 2)}</td><td class="num">${row.lag_max ?? "–"}</td><td class="num">${row.steps}</td>
     </tr>`).join("");
   }

@@ -38,7 +38,8 @@ def float32_lm_head(model: nn.Module) -> bool:
     Raises:
         ValueError: the model has no ``nn.Linear`` output projection (``get_output_embeddings``).
     """
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    output_embeddings = getattr(model, "get_output_embeddings", None)
+    head = output_embeddings() if output_embeddings is not None else None
     if not isinstance(head, nn.Linear):
         raise ValueError(
             f"model.lm_head_fp32 needs a model whose output embeddings are an nn.Linear, got "

@@ -5,8 +5,10 @@ token, its behaviour log-prob (under the distribution actually sampled from) and
 version that produced it, and can swap its weights **between two decode steps** without dropping
 in-flight sequences (paper §3). Engines: ``transformers`` (``transformers_engine.py``) and ``vllm``
 (``vllm_engine.py``). ``update_weights``' ``load`` receives what holds the weights: the model itself
-for transformers; for vLLM, whose model lives in its worker processes, a handle that has the workers
-receive the tensors from the weight group and load them.
+for transformers (``Engine[torch.nn.Module]``); for vLLM, whose model lives in its worker processes,
+a handle that has the workers receive the tensors from the weight group and load them
+(``WorkersEngine``, an ``Engine[EngineWorkers]``). Code that drives either engine (the actor) holds
+an ``Engine[WeightHolder]`` and gives it a ``load`` that takes both.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeAlias, TypeVar
 
 import torch
 
@@ -49,7 +51,31 @@ class VersionSwitches:
         return stamped
 
 
-class Engine(Protocol):
+class EngineWorkers(Protocol):
+    """What holds the weights of an engine whose model lives in other processes (vLLM's workers):
+    the workers take the tensors from the weight group themselves. Each call returns the seconds the
+    slowest worker took."""
+
+    def receive_and_load(self, names: list[str], shapes: list[list[int]], dtypes: list[str]) -> float:
+        """Receive one update over the weight group and load it."""
+        ...
+
+    def load_received(self) -> float:
+        """Load the update received earlier (``WorkersEngine.receive_weights``)."""
+        ...
+
+
+# What ``update_weights``' ``load`` may receive: the transformers model, or the vLLM workers' handle.
+WeightHolder: TypeAlias = torch.nn.Module | EngineWorkers
+
+# Covariant: an engine whose load gets the model is an engine whose load gets a WeightHolder.
+HolderT_co = TypeVar("HolderT_co", covariant=True)
+
+
+class Engine(Protocol[HolderT_co]):
+    """H sequences in flight; weights swap between two decode steps. ``HolderT_co``: what holds the
+    weights (``load``'s argument): ``torch.nn.Module`` for transformers, ``EngineWorkers`` for vLLM."""
+
     policy_version: int
 
     def submit(self, request_id: str, prompt_token_ids: Sequence[int], greedy: bool = False) -> None: ...
@@ -59,13 +85,20 @@ class Engine(Protocol):
     @property
     def num_in_flight(self) -> int: ...
 
-    def update_weights(self, new_version: int, load: Callable[[torch.nn.Module], None]) -> float:
-        """Pause between decode steps, run ``load(model)``, stamp the switch; returns pause seconds."""
+    def update_weights(self, new_version: int, load: Callable[[HolderT_co], object]) -> float:
+        """Pause between decode steps, run ``load(holder)``, stamp the switch; returns pause seconds."""
         ...
 
-    def paused(self) -> AbstractContextManager[torch.nn.Module]: ...
+    def paused(self) -> AbstractContextManager[HolderT_co]: ...
 
     def close(self) -> None: ...
+
+
+class WorkersEngine(Engine[EngineWorkers], Protocol):
+    """An engine whose workers are the weight-group members (vLLM): they can also receive an update
+    into staging buffers without loading it (the actor's async mode loads it when it drains)."""
+
+    def receive_weights(self, names: list[str], shapes: list[list[int]], dtypes: list[str]) -> float: ...
 
 
 def iter_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

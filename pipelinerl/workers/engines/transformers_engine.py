@@ -32,7 +32,7 @@ import torch
 import transformers
 
 try:
-    from transformers import ContinuousBatchingConfig, GenerationConfig, PreTrainedModel
+    from transformers import ContinuousBatchingConfig, GenerationConfig, GenerationMixin, PreTrainedModel
     from transformers.generation.continuous_batching.requests import (
         GenerationOutput,
         RequestState,
@@ -73,6 +73,8 @@ class TransformersEngine:
         seed: int | None = None,
         policy_version: int = 0,
     ) -> None:
+        if not isinstance(model, GenerationMixin):  # continuous batching is a generation method
+            raise TypeError(f"{type(model).__name__} cannot generate: give a causal language model")
         self.model = model
         # Every id that ends a sequence (a model may list several: Llama 3 instruct does).
         self.eos_token_ids = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
@@ -177,7 +179,7 @@ class TransformersEngine:
         with self._manager.pause():
             yield self.model
 
-    def update_weights(self, new_version: int, load: Callable[[torch.nn.Module], None]) -> float:
+    def update_weights(self, new_version: int, load: Callable[[torch.nn.Module], object]) -> float:
         """Between two decode steps: ``load(model)`` in place, then stamp every in-flight request."""
         started = time.perf_counter()
         with self._manager.pause(), self._lock:

@@ -387,7 +387,6 @@ class VLLMEngine:
             self._stamp(new_version, workers.tokens_in_flight())
             if self._labels:
                 self._call(self._engine.update_weight_version(str(new_version)))
-            self.policy_version = new_version
         ended = time.perf_counter()
         self.last_update_s = {
             "pause": paused - started,
@@ -397,7 +396,13 @@ class VLLMEngine:
         return ended - started
 
     def _stamp(self, new_version: int, in_flight: dict[str, tuple[int, int]]) -> None:
-        """Every outstanding request's later tokens belong to ``new_version`` (module docstring)."""
+        """Every outstanding request's later tokens belong to ``new_version`` (module docstring), and so
+        do those of every request submitted from now on.
+
+        The engine's version changes under the same lock as the stamps: ``submit`` (another thread,
+        during the pause) records a request either before them (and gets its switch here) or after
+        them (and starts at ``new_version``). Changed after the lock, a request submitted in between
+        would be stamped the old version for tokens the new weights write."""
         produced = {_given_id(request, self._outstanding): count for request, (count, _) in in_flight.items()}
         with self._stamps_lock:
             for request_id, switches in self._outstanding.items():
@@ -405,6 +410,7 @@ class VLLMEngine:
                     switches.switches.append((produced[request_id], new_version))
                 elif request_id not in self._finished:  # not scheduled yet: none of its tokens exist
                     switches.switches.append((0, new_version))
+            self.policy_version = new_version
 
     # ----- lifecycle -----
 

@@ -70,9 +70,9 @@ class WeightGroupExtension:
         bucket of receive buffer at a time, not a second copy of the model). Returns seconds taken.
         """
         started = time.perf_counter()
-        self.reload_weights(
+        self.reload_weights(  # type: ignore[attr-defined]
             weights_iterator=self._pipelinerl_receive(names, shapes, dtypes), is_checkpoint_format=True
-        )  # type: ignore[attr-defined]
+        )
         self.pipelinerl_refresh_tied_lm_head()
         return time.perf_counter() - started
 

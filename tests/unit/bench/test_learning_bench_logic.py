@@ -1,4 +1,4 @@
-"""The learning benchmark's pure logic: success curves, time to target, speed-ups, the core split."""
+"""The learning benchmark's pure logic: success curves, time to target, times faster, the core split."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from pipelinerl.bench.learning import (
     paper_figure_runs,
     readable_label,
     redraw_paper_figures,
-    speedups,
     split_cores,
     success_curve,
     summarize_bench,
+    table_rows,
     time_to_target,
+    times_faster_than_baselines,
     variant_label,
     variants,
 )
@@ -32,6 +33,8 @@ def test_success_curve_starts_at_version_zero_and_follows_evaluated_versions():
     records = [record(v, 10.0 * v, 32 * v) for v in range(1, 7)]
     points = success_curve(0.30, {6: 0.5, 2: 0.35, 4: 0.42}, records)
     assert points == [(0.0, 0, 0.30), (20.0, 64, 0.35), (40.0, 128, 0.42), (60.0, 192, 0.5)]
+    # A checkpoint of version 0 is the start point already; a version without a step record is left out.
+    assert success_curve(0.30, {0: 0.31, 9: 0.6}, records) == [(0.0, 0, 0.30)]
 
 
 def test_time_to_target_is_the_first_checkpoint_at_or_above_it():
@@ -41,12 +44,14 @@ def test_time_to_target_is_the_first_checkpoint_at_or_above_it():
     assert time_to_target(points, 0.60) is None
 
 
-def test_speedups_are_baseline_time_over_pipeline_time():
-    assert speedups({"pipeline": 50.0, "conventional_g8": 120.0, "async": None}) == {
+def test_pipeline_is_times_faster_than_each_baseline_by_their_time_over_its():
+    assert times_faster_than_baselines({"pipeline": 50.0, "conventional_g8": 120.0, "async": None}) == {
         "conventional_g8": 2.4,
         "async": None,
     }
-    assert speedups({"pipeline": None, "conventional_g1": 10.0}) == {"conventional_g1": None}
+    assert times_faster_than_baselines({"pipeline": None, "conventional_g1": 10.0}) == {
+        "conventional_g1": None
+    }
 
 
 def test_cores_split_in_halves():
@@ -110,8 +115,8 @@ def step(version: int, by_position: list[float | None], multi: int, ess: float, 
         "lag/histogram": [1, 1, 1],
         "lag/by_position": by_position,
         "lag/position_bucket_size": 8,
-        "samples": 4,
-        "inflight_sequences": multi,
+        "trainer/samples": 4,
+        "trainer/inflight_sequences": multi,
     }
 
 
@@ -190,19 +195,24 @@ def test_summary_takes_medians_of_per_seed_ratios_and_names_the_headline_keys():
     report = summarize_bench(results, 0.1, ["pipeline", "conventional_g8"])
     headline = report["headline"]
     # Per seed: 100/40 = 2.5, 60/60 = 1.0, 75/50 = 1.5; the median of the ratios, with all three.
-    assert headline["speedup_vs_conventional_g8"] == pytest.approx(1.5)
-    assert headline["speedup_vs_conventional_g8_per_seed"] == pytest.approx([2.5, 1.0, 1.5])
+    assert headline["pipeline/times_faster_than_conventional_g8"] == pytest.approx(1.5)
+    assert headline["pipeline/times_faster_than_conventional_g8_per_seed"] == pytest.approx([2.5, 1.0, 1.5])
+    assert not any(key.startswith("speedup") for key in headline), "one name for the ratio"
     assert headline["start_success_by_seed"] == {"0": 0.3, "1": 0.3, "2": 0.3}
     assert headline["target_success_by_seed"]["1"] == pytest.approx(0.4)
     assert headline["ess_mean_pipeline"] == pytest.approx(0.98)
     assert headline["ess_mean_conventional_g8"] == 1.0
     rows = {row["variant"]: row for row in report["details"]["variants"]}
     assert rows["conventional_g8"]["time_to_target_s_per_seed"] == [100.0, 60.0, 75.0]
+    assert rows["pipeline"]["times_faster_than"] == {"conventional_g8": pytest.approx(1.5)}
+    assert rows["pipeline"]["times_faster_than_per_seed"]["conventional_g8"] == pytest.approx([2.5, 1.0, 1.5])
+    # The markdown table: PipelineRL's ratio in each baseline's row, 1 in its own.
+    assert [row[2] for row in table_rows(report["details"])] == [1.0, pytest.approx(1.5)]
     # A seed that never reached the target leaves the median undefined rather than optimistic.
     partial = summarize_bench(
         [*results[:5], result("conventional_g8", 2, None, 1.0)], 0.1, ["pipeline", "conventional_g8"]
     )
-    assert partial["headline"]["speedup_vs_conventional_g8"] is None
+    assert partial["headline"]["pipeline/times_faster_than_conventional_g8"] is None
 
 
 def test_each_seed_is_timed_to_its_own_start_plus_the_gain():

@@ -65,6 +65,17 @@ def test_batch_must_hold_whole_groups():
         load_config(None, ["rl.group_size=3", "rl.batch_size=32"])
 
 
+@pytest.mark.parametrize("mode", ["pipeline", "async"])
+def test_a_continuous_mode_needs_room_for_one_group_in_flight(mode):
+    """Pipeline and async modes admit whole groups up to H: G > H would never start one (a stall)."""
+    sizes = ["actor.max_in_flight=4", "rl.group_size=8", "rl.batch_size=32"]
+    with pytest.raises(ConfigError, match=r"actor.max_in_flight=4 cannot hold one group of rl.group_size=8"):
+        load_config(None, [f"run.mode={mode}", *sizes])
+    # Conventional rounds keep max(H, G) in flight: the same sizes are a valid round.
+    config = load_config(None, ["run.mode=conventional", *sizes])
+    assert config.actor.max_in_flight < config.rl.group_size
+
+
 def test_missing_model_directory(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(None, [f"model.path={tmp_path / 'nope'}"])

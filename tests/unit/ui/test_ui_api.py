@@ -117,6 +117,7 @@ def test_steps_are_downsampled_to_max_points(client: TestClient) -> None:
     assert whole["returned_steps"] == whole["total_steps"] == LONG_STEPS
     assert whole["version"] == list(range(1, LONG_STEPS + 1))
     assert whole["samples_trained"][:2] == [16, 32]
+    assert len(whole["reward_trailing_mean"]) == LONG_STEPS and whole["reward_window"] == 5
     small = client.get(f"/api/runs/{LONG}/steps?max_points=50").json()
     assert len(small["version"]) <= 50 and small["version"][0] == 1 and small["version"][-1] == LONG_STEPS
     assert client.get(f"/api/runs/{LONG}/steps?max_points=1").status_code == 422
@@ -144,13 +145,23 @@ def test_lag_by_position_and_the_live_view(client: TestClient) -> None:
     assert all(p["broadcast_ms"] > 0 and p["pause_ms"] > 0 for p in live["pauses"])
     assert live["stages"]["actor"]["tokens_per_s"] > 0
     assert live["stages"]["rollout_queue"] is not None
-    assert live["stages"]["trainer"]["idle_fraction"] == pytest.approx(0.25)
+    # Over the newest five steps: 1.5 s training, 0.5 s waiting and the broadcast after each (busy time).
+    steps = client.get(f"/api/runs/{LONG}/steps?max_points=1000").json()
+    cycle_s = 5 * 2.0 + sum(steps["broadcast_ms"][-5:]) / 1000
+    assert live["stages"]["trainer"]["idle_fraction"] == pytest.approx(5 * 0.5 / cycle_s, abs=1e-4)
+    assert live["stages"]["trainer"]["idle_fraction"] < 0.25
+    newest = 0.5 / (2.0 + steps["broadcast_ms"][-1] / 1000)
+    assert steps["trainer_idle_fraction"][-1] == pytest.approx(newest, rel=1e-12), "per step, as MLflow's"
     assert len(live["multi_version_sequences"]) == LONG_STEPS
     assert live["restarts"] == [{"restart": 1, "version": LONG_STEPS // 2, "wall_s": 2.0 * (LONG_STEPS // 2)}]
     [evals] = live["evals"]
     assert evals["name"] == "eval/heldout/pass_at_1"
     assert evals["version"] == list(range(0, LONG_STEPS + 1, LONG_STEPS // 10))
     assert evals["wall_s"][0] == 0.0 and evals["samples_trained"][:2] == [0, 16 * (LONG_STEPS // 10)]
+    # Each evaluation sits where the step of its version is on the steps' own time axis.
+    steps = client.get(f"/api/runs/{LONG}/steps?max_points=1000").json()
+    wall_of = dict(zip(steps["version"], steps["wall_s"], strict=True))
+    assert evals["wall_s"][1:] == [wall_of[v] for v in evals["version"][1:]]
 
 
 def test_a_compare_parent_stands_for_its_children(client: TestClient) -> None:
@@ -160,9 +171,14 @@ def test_a_compare_parent_stands_for_its_children(client: TestClient) -> None:
     table = body["table"]
     assert table["target"] == 0.3 and table["baselines"] == ["conventional"]
     rows = {row["label"]: row for row in table["rows"]}
-    # Same rewards step by step, the pipeline run twice as fast per step: a speed-up of about 2.
-    assert rows["pipeline"]["speedup_vs"]["conventional"] == pytest.approx(2.0, rel=0.15)
-    assert rows["conventional"]["speedup_vs"]["conventional"] == 1.0
+    # Same rewards step by step, the pipeline run twice as fast per step: about 2 times faster.
+    assert rows["pipeline"]["times_faster_than"]["conventional"] == pytest.approx(2.0, rel=0.15)
+    assert rows["conventional"]["times_faster_than"]["conventional"] == 1.0
+    # The reward chart's trailing mean reaches the target where the table says.
+    pipeline = body["runs"][0]["steps"]
+    assert pipeline["reward_window"] == table["window"]
+    first = next(i for i, value in enumerate(pipeline["reward_trailing_mean"]) if value >= 0.3)
+    assert pipeline["wall_s"][first] == pytest.approx(rows["pipeline"]["time_to_target_s"])
     two = client.get(f"/api/compare?run={PIPELINE}&run={CONVENTIONAL}").json()
     assert two["parent"] is None and len(two["runs"]) == 2
 
@@ -236,7 +252,7 @@ def _plan(url: str, query) -> str:  # type: ignore[no-untyped-def]
 def test_per_run_queries_search_the_primary_key_indexes(filled: Filled) -> None:
     """What the reader asks per run must not scan whole tables (thousands of steps per run)."""
     steps = (
-        select(StepStats, PolicyVersion.samples_trained)
+        select(StepStats, PolicyVersion.samples_trained, PolicyVersion.broadcast_ms)
         .outerjoin(
             PolicyVersion,
             and_(PolicyVersion.run_id == StepStats.run_id, PolicyVersion.version == StepStats.version),
@@ -249,7 +265,14 @@ def test_per_run_queries_search_the_primary_key_indexes(filled: Filled) -> None:
         .where(StepStats.run_id.in_([LONG, PIPELINE]))
         .group_by(StepStats.run_id)
     )
-    newest = select(StepStats).where(tuple_(StepStats.run_id, StepStats.version).in_([(LONG, 5)]))
+    newest = (
+        select(StepStats, PolicyVersion.broadcast_ms)
+        .outerjoin(
+            PolicyVersion,
+            and_(PolicyVersion.run_id == StepStats.run_id, PolicyVersion.version == StepStats.version),
+        )
+        .where(tuple_(StepStats.run_id, StepStats.version).in_([(LONG, 5)]))
+    )
     histogram = select(LagHistogram.lag, LagHistogram.count).where(
         LagHistogram.run_id == LONG, LagHistogram.version == 5
     )
@@ -257,3 +280,16 @@ def test_per_run_queries_search_the_primary_key_indexes(filled: Filled) -> None:
         plan = _plan(filled.database_url, query)
         assert "SCAN step_stats" not in plan and "SCAN lag_histograms" not in plan, plan
         assert "SEARCH step_stats" in plan or "SEARCH lag_histograms" in plan, plan
+
+
+def test_the_metric_registry_is_served_with_the_old_names(client: TestClient) -> None:
+    body = client.get("/api/metrics").json()
+    by_name = {metric["name"]: metric for metric in body["metrics"]}
+    trainer_tokens_per_s = by_name["throughput/trainer_tokens_per_s"]
+    assert (
+        trainer_tokens_per_s["unit"] == "tokens/s" and trainer_tokens_per_s["api"] == "trainer_tokens_per_s"
+    )
+    assert "weights/broadcast_ms" in trainer_tokens_per_s["inputs"], "the broadcast is busy time"
+    assert by_name["trainer/tokens"]["stored"] == "step_stats.tokens"
+    assert by_name["actor/{actor}/idle_fraction"]["pattern"] is True
+    assert body["aliases"]["trainer_records"]["completion_len_p90"] == "completion/len_p90"

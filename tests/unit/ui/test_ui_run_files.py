@@ -28,9 +28,17 @@ def test_appended_records_are_read_and_a_partial_line_waits(tmp_path: Path) -> N
 
 
 def test_a_version_written_again_after_a_restart_keeps_its_first_record(tmp_path: Path) -> None:
-    lines = [{"policy_version": 1, "inflight_sequences": 4}, {"policy_version": 1, "inflight_sequences": 9}]
+    lines = [
+        {"policy_version": 1, "trainer/inflight_sequences": 4},
+        {"policy_version": 1, "trainer/inflight_sequences": 9},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert RunFiles().trainer_records(tmp_path) == [{"policy_version": 1, "inflight_sequences": 4}]
+    assert RunFiles().trainer_records(tmp_path) == [{"policy_version": 1, "trainer/inflight_sequences": 4}]
+
+
+def test_a_record_written_before_the_metric_renames_is_read_under_the_new_names(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"policy_version": 1, "inflight_sequences": 4}) + "\n")
+    assert RunFiles().trainer_records(tmp_path) == [{"policy_version": 1, "trainer/inflight_sequences": 4}]
 
 
 def test_a_replaced_file_is_read_again_and_a_missing_one_is_empty(tmp_path: Path) -> None:

@@ -56,4 +56,4 @@ def test_a_round_closes_when_its_last_sequence_arrives() -> None:
     metrics = eval_metrics(record)
     assert metrics["eval/heldout/pass_at_1"] == pytest.approx(0.25)
     assert metrics["eval/heldout/pass_at_2"] == pytest.approx(0.5)
-    assert metrics["eval/heldout/no_answer"] == 1.0
+    assert metrics["eval/heldout/scores/no_answer"] == 1.0

@@ -116,7 +116,6 @@ def test_an_explicit_cpu_device_changes_nothing(model):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_loss_on_a_gpu_equals_the_loss_on_cpu_and_only_the_record_comes_back(model, random_model_dir):
     batch = [sequence([1, 10], [12, 13, 2], advantage=0.5), sequence([1, 20, 21], [22, 2], advantage=-1.0)]
     on_gpu = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32).cuda().eval()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipelinerl.tasks.base import Problem
-from pipelinerl.workers.actor import prompt_stream
+from pipelinerl.workers.prompt_stream import prompt_stream
 
 
 def test_the_prompt_stream_resumes_at_its_position() -> None:

@@ -45,8 +45,8 @@ def trainer_record(version: int, reward: float) -> dict:
         "lag/p90": 1.0,
         "lag/max": 2,
         "lag/by_position": [0.1, 0.5],
-        "tokens": 900,
-        "samples": 32,
+        "trainer/tokens": 900,
+        "trainer/samples": 32,
         "trainer/step_s": 1.5,
         "trainer/wait_s": 0.25,
     }
