@@ -1,4 +1,8 @@
-"""The ``pipelinerl`` command as a user runs it: fast help, and failures before any stage starts."""
+"""The ``pipelinerl`` command as a user runs it: fast help, and failures before any stage starts.
+
+Checked on other modules' runs: that the stages die with a SIGKILLed launcher (test_heartbeat's run,
+which kills one), and that ``pipelinerl run`` writes the run directory and reports it (test_tracking's
+run, launched with the command)."""
 
 from __future__ import annotations
 
@@ -7,12 +11,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import worker_port
+from tests.conftest import wait_until, worker_port
 
 PIPELINERL = [sys.executable, "-m", "pipelinerl.cli"]
 
@@ -77,39 +80,6 @@ def test_shipped_configs_validate_through_the_cli(name):
     assert result.returncode == 0 and f"run.mode = '{name}'" in result.stdout
 
 
-SUMMARY_FIELDS = {
-    "mode", "steps", "final_policy_version", "eval_success_start", "eval_success_end", "eval_samples",
-    "ess_mean", "lag_mean", "lag_max", "inflight_sequences", "wall_s", "tokens_per_s",
-}  # fmt: skip
-
-
-@pytest.mark.slow
-def test_run_writes_the_run_directory(tmp_path, random_model_dir):
-    import json
-
-    result = run_cli(
-        "run",
-        "--set", f"model.path={random_model_dir}",
-        "--set", f"run.output_dir={tmp_path}",
-        "--set", "run.max_steps=3",
-        "--set", "rl.batch_size=16",
-        "--set", "task.eval_problems=16",
-        "--set", f"transport.base_port={worker_port(21950)}",
-        timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    (run_dir,) = list(tmp_path.iterdir())
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary.keys() >= SUMMARY_FIELDS
-    assert summary["steps"] == summary["final_policy_version"] == 3 and summary["eval_samples"] == 16
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["policy_version"] for r in records] == [1, 2, 3]
-    assert json.loads((run_dir / "config.json").read_text())["run"]["max_steps"] == 3
-    assert "held-out success" in result.stdout and "sequences written by 2+ versions" in result.stdout
-    assert "MLflow run" in result.stdout
-    assert (run_dir / "mlflow_run_id").read_text() in result.stdout.replace("\n", "")
-
-
 def test_compare_rejects_unknown_modes_before_running():
     result = run_cli("compare", "--modes", "pipeline,synchronous")
     assert result.returncode == 2
@@ -164,16 +134,21 @@ def _start_long_run(tmp_path, random_model_dir, port: int):
         "--set", f"transport.base_port={port}",
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
+
+    def training() -> Path | None:
+        if process.poll() is not None:
+            pytest.fail(
+                "the run never started training: " + (process.stdout.read() if process.stdout else "")
+            )
         metrics = list((tmp_path / "runs").glob("*/metrics.jsonl"))
-        if metrics and metrics[0].read_text().count("\n") >= 2:
-            return process, metrics[0].parent
-        time.sleep(0.3)
-    process.kill()
-    raise AssertionError(
-        "the run never started training: " + (process.stdout.read() if process.stdout else "")
-    )
+        return metrics[0].parent if metrics and metrics[0].read_text().count("\n") >= 2 else None
+
+    try:
+        run_dir = wait_until(training, timeout_s=300, what="the run's first two steps", interval_s=0.3)
+    except BaseException:
+        process.kill()
+        raise
+    return process, run_dir
 
 
 @pytest.mark.slow
@@ -195,14 +170,3 @@ def test_sigterm_stops_every_stage_and_marks_the_run_killed(tmp_path, random_mod
     assert client.get_run((run_dir / "mlflow_run_id").read_text()).info.status == "KILLED"
     store_url = os.environ.get("PIPELINERL_DATABASE_URL", f"sqlite:///{tmp_path / 'home' / 'platform.db'}")
     assert PlatformStore(store_url).get_run(run_dir.name).run.status == "killed"
-
-
-@pytest.mark.slow
-def test_stages_die_with_a_killed_launcher(tmp_path, random_model_dir):
-    process, run_dir = _start_long_run(tmp_path, random_model_dir, worker_port(22010))
-    process.kill()  # SIGKILL: no chance to clean up; the stages must still go (parent-death signal)
-    process.wait(timeout=30)
-    deadline = time.monotonic() + 30
-    while _processes_of(run_dir) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _processes_of(run_dir) == [], "orphaned stage processes"

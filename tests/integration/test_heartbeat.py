@@ -1,6 +1,9 @@
 """A launcher killed with SIGKILL leaves its run marked running and its stores behind its run directory;
-the next `pipelinerl runs list` sees the launcher gone (on this host, at once), marks the run crashed in
-the platform database and in MLflow, and writes both what the run directory holds and they lack."""
+its stages go too (parent-death signal), and the next `pipelinerl runs list` sees the launcher gone (on
+this host, at once), marks the run crashed in the platform database and in MLflow, and writes both
+what the run directory holds and they lack.
+
+One run, launched with the command and killed once for the module; each test checks one property."""
 
 from __future__ import annotations
 
@@ -9,12 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import worker_port
+from tests.conftest import wait_until, worker_port
 
 pytestmark = pytest.mark.slow
 
@@ -37,13 +40,35 @@ def _trained(run_dir: Path) -> tuple[list[int], set[str]]:
     return [r["policy_version"] for r in records], {rollout for r in records for rollout, _ in r["rollouts"]}
 
 
-def test_a_killed_launcher_s_run_is_marked_crashed_and_caught_up_by_runs_list(tmp_path, random_model_dir):
-    from mlflow.tracking import MlflowClient
+def _processes_of(run_dir: Path) -> list:
+    import psutil
 
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if any(str(run_dir) in part for part in process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+@dataclass
+class Killed:
+    launcher_pid: int
+    run_dir: Path
+    database: str  # the --set of the run's own platform database
+    url: str  # its URL
+    home: Path
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory, random_model_dir) -> Killed:
+    """``pipelinerl run`` SIGKILLed (the launcher alone) once the run directory holds versions its
+    stores lack."""
     from pipelinerl.platform.config import load_config
     from pipelinerl.platform.tracking.db import database_url
     from pipelinerl.platform.tracking.store import PlatformStore
 
+    tmp_path = tmp_path_factory.mktemp("heartbeat")
     home = tmp_path / "home"
     # Its own platform database: the session's is shared with tests that kill launchers of their own.
     database = f"tracking.database_url=sqlite:///{tmp_path / 'platform.db'}"
@@ -71,32 +96,60 @@ def test_a_killed_launcher_s_run_is_marked_crashed_and_caught_up_by_runs_list(tm
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+
+    def ahead_of_the_stores() -> Path | None:
+        assert launcher.poll() is None, "the run ended before it could be killed"
+        run_dirs = [m.parent for m in (tmp_path / "runs").glob("*/metrics.jsonl")]
+        if run_dirs and len(versions := _trained(run_dirs[0])[0]) >= 3:
+            with PlatformStore(url) as store:
+                if set(versions) - store.recorded_versions(run_dirs[0].name):
+                    return run_dirs[0]  # the run directory holds versions the database lacks
+        return None
+
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert launcher.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "no three steps ahead of the stores within 300 s"
-            run_dirs = [m.parent for m in (tmp_path / "runs").glob("*/metrics.jsonl")]
-            if run_dirs and len(versions := _trained(run_dirs[0])[0]) >= 3:
-                with PlatformStore(url) as store:
-                    if set(versions) - store.recorded_versions(run_dirs[0].name):
-                        break  # the run directory holds versions the database lacks
-            time.sleep(0.5)
-        os.killpg(launcher.pid, signal.SIGKILL)  # the launcher and whatever shares its session
+        run_dir = wait_until(
+            ahead_of_the_stores, timeout_s=300, what="three steps ahead of the stores", interval_s=0.5
+        )
+        # The launcher alone: its stages are in process groups of their own and must go by themselves.
+        os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait(timeout=30)
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
-    run_dir = run_dirs[0]
+    return Killed(launcher.pid, run_dir, database, url, home, env)
+
+
+def _stages_gone(killed: Killed) -> None:
+    wait_until(
+        lambda: not _processes_of(killed.run_dir),
+        timeout_s=60,
+        what="the stages of the SIGKILLed launcher to exit (orphaned stage processes)",
+        interval_s=0.5,
+    )
+
+
+def test_stages_die_with_a_killed_launcher(killed):
+    """SIGKILL gives the launcher no chance to clean up; the stages must still go (parent-death signal)."""
+    _stages_gone(killed)
+    assert _processes_of(killed.run_dir) == [], "orphaned stage processes"
+
+
+def test_a_killed_launcher_s_run_is_marked_crashed_and_caught_up_by_runs_list(killed):
+    from mlflow.tracking import MlflowClient
+
+    from pipelinerl.platform.tracking.store import PlatformStore
+
+    _stages_gone(killed)
+    run_dir, url, env = killed.run_dir, killed.url, killed.env
     run_id = run_dir.name
     versions, rollout_ids = _trained(run_dir)  # final: every stage is dead
     with PlatformStore(url) as store:
         before = store.get_run(run_id).run
         behind = set(versions) - store.recorded_versions(run_id)
     assert before.status == "running", "a killed launcher cannot mark its run"
-    assert before.run_dir == str(run_dir.resolve()) and before.launcher["pid"] == launcher.pid
+    assert before.run_dir == str(run_dir.resolve()) and before.launcher["pid"] == killed.launcher_pid
     assert behind, "the stores were not behind the run directory: nothing to catch up"
-    set_home = [f"--set=run.home={home}", f"--set={database}"]
+    set_home = [f"--set=run.home={killed.home}", f"--set={killed.database}"]
     # No wait for a heartbeat to go stale: the launcher was on this host, and its process is gone.
     listed = _cli("runs", "list", *set_home, env=env)
     assert listed.returncode == 0, listed.stderr
@@ -109,7 +162,7 @@ def test_a_killed_launcher_s_run_is_marked_crashed_and_caught_up_by_runs_list(tm
     shown = _cli("runs", "show", run_id, *set_home, env=env)
     assert "crashed" in shown.stdout
     mlflow_run_id = (run_dir / "mlflow_run_id").read_text()
-    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=f"sqlite:///{killed.home / 'mlflow.db'}")
     assert client.get_run(mlflow_run_id).info.status == "FAILED"
     assert {point.step for point in client.get_metric_history(mlflow_run_id, "rl/loss")} == set(versions)
     summary = run_dir / "summary.json"

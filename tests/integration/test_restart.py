@@ -1,5 +1,10 @@
 """A stage that crashes mid-run: the run fails with its log tail, or every stage starts again from
-the latest checkpoint when ``run.max_restarts`` allows. Real processes; the crash is a SIGKILL."""
+the latest checkpoint when ``run.max_restarts`` allows. Real processes; the crash is a SIGKILL.
+
+One run restarts three times, each after a different stage was killed (the trainer, then the
+preprocessor, then actor 0); the module's tests each check one property of that run. Another,
+with no restart allowed, fails with the killed stage's log tail.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +12,21 @@ import json
 import os
 import signal
 import threading
-import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import psutil
 import pytest
 
-from pipelinerl.launch.launcher import StageFailed, launch
-from pipelinerl.platform.checkpoint import read_info
-from tests.conftest import worker_port
+from pipelinerl.launch.launcher import RunResult, StageFailed, launch
+from pipelinerl.platform.checkpoint import checkpoint_dir, read_info
+from tests.conftest import wait_until, worker_port
 from tests.integration.test_pipeline import small_config as pipeline_config
 
-pytestmark = pytest.mark.slow
+# The module's run (set up by its first test) has three restarts: room for a loaded machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 # Its own ports: test_pipeline's counter may be a second module object under xdist, from the same base.
@@ -45,150 +52,250 @@ def stage_processes(run_dir: Path, marker: str) -> list[psutil.Process]:
     return found
 
 
-class Crasher(threading.Thread):
-    """Once the trainer has logged ``at_version`` (and its checkpoints so far are complete),
-    SIGKILLs the stage of the run whose command line has ``marker`` (actor 0's by default), once."""
+def _complete_lines(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [line for line in text.splitlines()[: text.count("\n")] if line.strip()]
 
-    def __init__(self, run_dir: Path, at_version: int, marker: str = "--actor-id 0") -> None:
-        super().__init__(daemon=True)
-        self.run_dir = run_dir
-        self.at_version = at_version
-        self.marker = marker
-        self.killed_pid: int | None = None
 
-    def trained_to(self) -> int:
-        metrics = self.run_dir / "metrics.jsonl"
-        if not metrics.exists():
-            return 0
-        versions = [json.loads(line)["policy_version"] for line in metrics.read_text().splitlines() if line]
-        return max(versions, default=0)
+def trained_to(run_dir: Path) -> int:
+    """The newest policy version in the run directory's trainer records (0 before the first)."""
+    versions = [json.loads(line)["policy_version"] for line in _complete_lines(run_dir / "metrics.jsonl")]
+    return max(versions, default=0)
 
-    def run(self) -> None:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            if self.trained_to() >= self.at_version:
-                for process in stage_processes(self.run_dir, self.marker):
-                    self.killed_pid = process.pid
-                    os.kill(process.pid, signal.SIGKILL)
-                    return
-            time.sleep(0.1)
+
+def restarts_so_far(run_dir: Path) -> int:
+    return len(_complete_lines(run_dir / "restarts.jsonl"))
+
+
+class Launched:
+    """``launch`` on a thread, so the test can kill its stages meanwhile; ``finish`` returns its result."""
+
+    def __init__(self, config, run_id: str) -> None:
+        self.outcome: dict[str, Any] = {}
+        self.thread = threading.Thread(target=self._run, args=(config, run_id), daemon=True)
+        self.thread.start()
+
+    def _run(self, config, run_id: str) -> None:
+        try:
+            self.outcome["result"] = launch(config, run_id=run_id)
+        except BaseException as error:  # handed to the test by finish()
+            self.outcome["error"] = error
+
+    def running(self) -> bool:
+        if not self.thread.is_alive():
+            pytest.fail(f"the run ended before the test was done with it: {self.outcome}")
+        return True
+
+    def finish(self, timeout_s: float = 900) -> RunResult:
+        self.thread.join(timeout=timeout_s)
+        assert not self.thread.is_alive(), f"the run did not end within {timeout_s:.0f} s"
+        if "error" in self.outcome:
+            raise self.outcome["error"]
+        return self.outcome["result"]
+
+
+def kill_stage(
+    launched: Launched, run_dir: Path, marker: str, at_version: int, after_restarts: int = 0
+) -> int:
+    """SIGKILL the run's stage whose command line has ``marker``, once the attempt after
+    ``after_restarts`` restarts has trained ``at_version`` (its checkpoints so far are complete)."""
+
+    def due() -> list[psutil.Process]:
+        launched.running()
+        if restarts_so_far(run_dir) != after_restarts or trained_to(run_dir) < at_version:
+            return []
+        return stage_processes(run_dir, marker)
+
+    [victim, *_] = wait_until(
+        due,
+        timeout_s=300,
+        what=f"version {at_version} trained after {after_restarts} restart(s), and a {marker!r} process",
+    )
+    os.kill(victim.pid, signal.SIGKILL)
+    return victim.pid
 
 
 def test_a_crashed_stage_fails_the_run_with_its_log_tail(tmp_path, random_model_dir):
     config = small_config(tmp_path, random_model_dir, "run.max_steps=40")
     run_dir = tmp_path / "crash"
-    crasher = Crasher(run_dir, at_version=2)
-    crasher.start()
+    launched = Launched(config, "crash")
+    kill_stage(launched, run_dir, "--actor-id 0", at_version=2)
     with pytest.raises(StageFailed, match=r"stage actor0 exited with code -9 .*last lines of .*actor0\.log"):
-        launch(config, run_id="crash")
-    assert crasher.killed_pid is not None
+        launched.finish()
     assert not stage_processes(run_dir, "pipelinerl.workers"), "no stage outlives the failed run"
     run = mlflow.MlflowClient().get_run((run_dir / "mlflow_run_id").read_text())
     assert run.info.status == "FAILED"
     assert not (run_dir / "summary.json").exists()
 
 
-STAGES = {
-    "actor0": "--actor-id 0",
-    "preprocessor": "pipelinerl.workers.preprocessor",
+# The stages killed one after another in the restarting run: the k-th (k = 1, 2, 3) is killed once the
+# k-th attempt has trained version 3k + 1; checkpoints every 3 versions, so it resumes from 3k (3k + 3
+# if the trainer got there first). The run ends at MAX_STEPS.
+KILLED = {
     "trainer0": "pipelinerl.workers.trainer",
+    "preprocessor": "pipelinerl.workers.preprocessor",
+    "actor0": "--actor-id 0",
 }
+CHECKPOINT_EVERY = 3
+MAX_STEPS = 13
+BATCH = 16
 
 
-@pytest.mark.parametrize("stage", list(STAGES))
-def test_a_crashed_stage_restarts_every_stage_from_the_latest_checkpoint(tmp_path, random_model_dir, stage):
-    """Checkpoints at 3 and 6; the stage is killed (SIGKILL) once version 4 is trained. Every stage
-    starts again from the checkpoint at 3 (6 if the trainer got there first); the versions after it
-    are discarded and trained again, and every store then describes the attempt the final policy
-    descends from."""
-    from pipelinerl.platform.checkpoint import read_trained
-    from pipelinerl.platform.tracking.db import database_url
-    from pipelinerl.platform.tracking.store import PlatformStore
+@dataclass
+class Restarted:
+    config: Any
+    run_id: str
+    run_dir: Path
+    result: RunResult
+    restarts: list[dict[str, Any]]  # restarts.jsonl, in order: one per killed stage
+    resumed: list[int]  # the version each restart resumed from
+    records: list[dict[str, Any]]  # metrics.jsonl at the end
+    thrown: list[dict[str, Any]]  # every discarded trainer record, of every attempt
 
+    def checkpoint(self, attempt: int) -> Path:
+        return checkpoint_dir(self.run_dir, self.resumed[attempt - 1])
+
+
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory, random_model_dir) -> Restarted:
+    tmp_path = tmp_path_factory.mktemp("restart")
     config = small_config(
-        tmp_path, random_model_dir, "run.max_steps=8", "run.max_restarts=1", "trainer.checkpoint_every=3"
+        tmp_path,
+        random_model_dir,
+        f"run.max_steps={MAX_STEPS}",
+        f"run.max_restarts={len(KILLED)}",
+        f"trainer.checkpoint_every={CHECKPOINT_EVERY}",
     )
-    run_id = f"restart-{stage}"
+    run_id = "restart"
     run_dir = tmp_path / run_id
-    crasher = Crasher(run_dir, at_version=4, marker=STAGES[stage])
-    crasher.start()
-    result = launch(config, run_id=run_id)
-    crasher.join(timeout=5)
-    assert crasher.killed_pid is not None, f"{stage} was killed mid-run"
+    launched = Launched(config, run_id)
+    for done, marker in enumerate(KILLED.values()):
+        kill_stage(
+            launched, run_dir, marker, at_version=CHECKPOINT_EVERY * (done + 1) + 1, after_restarts=done
+        )
+    result = launched.finish()
+    restarts = [json.loads(line) for line in _complete_lines(run_dir / "restarts.jsonl")]
+    print("restart figures:", json.dumps(restarts))
+    thrown: list[dict[str, Any]] = []
+    for attempt in range(1, len(restarts) + 1):
+        aside = run_dir / "discarded" / f"attempt{attempt}" / "metrics.jsonl"
+        thrown.extend(json.loads(line) for line in _complete_lines(aside))
+    return Restarted(
+        config=config,
+        run_id=run_id,
+        run_dir=run_dir,
+        result=result,
+        restarts=restarts,
+        resumed=[r["resumed_from_version"] for r in restarts],
+        records=[json.loads(line) for line in _complete_lines(run_dir / "metrics.jsonl")],
+        thrown=thrown,
+    )
 
-    summary = result.summary
-    assert summary["restarts"] == 1
-    assert summary["final_policy_version"] == 8
-    # Every stage started again from the newest complete checkpoint before the crash.
-    restarted = json.loads((run_dir / "config.json").read_text())
+
+def test_every_killed_stage_restarts_every_stage_from_the_latest_checkpoint(restarted):
+    run_dir = restarted.run_dir
+    summary = restarted.result.summary
+    assert summary["restarts"] == len(KILLED)
+    assert summary["final_policy_version"] == MAX_STEPS
+    assert read_info(run_dir / "final").policy_version == MAX_STEPS
+    assert [r["attempt"] for r in restarted.restarts] == [1, 2, 3], restarted.restarts
+    trainer_log = (run_dir / "logs" / "trainer0.log").read_text()
+    for attempt, (stage, restart) in enumerate(zip(KILLED, restarted.restarts, strict=True), start=1):
+        assert stage in restart["reason"], restart
+        # Every stage started again from the newest complete checkpoint before the crash.
+        resumed = restart["resumed_from_version"]
+        assert resumed in (CHECKPOINT_EVERY * attempt, CHECKPOINT_EVERY * (attempt + 1)), restart
+        checkpoint = restarted.checkpoint(attempt)
+        assert read_info(checkpoint).policy_version == resumed
+        assert f"resumed from {checkpoint}" in trainer_log, stage
+    # The stages read the last restart's checkpoint from config.json; the first config is kept.
+    current = json.loads((run_dir / "config.json").read_text())
     initial = json.loads((run_dir / "config.initial.json").read_text())
     assert initial["run"]["resume_from"] is None
-    checkpoint = Path(restarted["run"]["resume_from"])
-    assert checkpoint.parent == run_dir / "checkpoints"
-    resumed = read_info(checkpoint).policy_version
-    assert resumed in (3, 6)
-    assert read_info(run_dir / "final").policy_version == 8
-    trainer_log = (run_dir / "logs" / "trainer0.log").read_text()
-    assert f"resumed from {checkpoint}" in trainer_log
+    assert Path(current["run"]["resume_from"]) == restarted.checkpoint(len(KILLED))
     assert not stage_processes(run_dir, "pipelinerl.workers")
 
-    # The run directory: each version once, as the surviving attempt trained it; the rest set aside.
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["policy_version"] for r in records] == list(range(1, 9))
-    assert [r["policy_version"] for r in result.records] == list(range(1, 9))
-    aside = run_dir / "discarded" / "attempt1" / "metrics.jsonl"
-    thrown = [json.loads(line) for line in aside.read_text().splitlines()] if aside.exists() else []
-    [restart] = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
-    assert restart["attempt"] == 1 and stage in restart["reason"], restart
-    assert restart["resumed_from_version"] == resumed
-    assert restart["discarded_versions"] == [r["policy_version"] for r in thrown]
-    assert all(v > resumed for v in restart["discarded_versions"])
-    assert restart["discarded_rollouts"] == sum(len(r["rollouts"]) for r in thrown)
-    assert restart["lost_in_flight"] >= 0
-    assert summary["discarded"] == [restart]
-    print("restart figures:", json.dumps(restart))
-    if resumed == 3:
-        assert 4 in restart["discarded_versions"], "version 4 was trained before the kill"
+
+def test_the_run_directory_keeps_each_version_once_and_sets_the_discarded_aside(restarted):
+    """Each version once, as the surviving attempt trained it; the rest set aside, each restart's
+    figures saying what it threw away."""
+    records, run_dir = restarted.records, restarted.run_dir
+    assert [r["policy_version"] for r in records] == list(range(1, MAX_STEPS + 1))
+    assert [r["policy_version"] for r in restarted.result.records] == list(range(1, MAX_STEPS + 1))
+    for attempt, restart in enumerate(restarted.restarts, start=1):
+        aside = run_dir / "discarded" / f"attempt{attempt}" / "metrics.jsonl"
+        thrown = [json.loads(line) for line in _complete_lines(aside)]
+        resumed = restart["resumed_from_version"]
+        assert restart["discarded_versions"] == [r["policy_version"] for r in thrown]
+        assert all(v > resumed for v in restart["discarded_versions"])
+        assert restart["discarded_rollouts"] == sum(len(r["rollouts"]) for r in thrown)
+        assert restart["lost_in_flight"] >= 0
+        if resumed == CHECKPOINT_EVERY * attempt:
+            killed_at = resumed + 1
+            assert killed_at in restart["discarded_versions"], (
+                f"version {killed_at} was trained before the kill"
+            )
+    assert restarted.result.summary["discarded"] == restarted.restarts
     survivors = {r["policy_version"]: r for r in records}
-    for discarded in thrown:  # redone from other rollouts: the records are the second attempt's
+    for discarded in restarted.thrown:  # redone from other rollouts: the records are a later attempt's
         redone = survivors[discarded["policy_version"]]
         assert redone["time"] > discarded["time"]
         assert not {tuple(x) for x in redone["rollouts"]} & {tuple(x) for x in discarded["rollouts"]}
 
-    # No rollout trained twice into the final policy; the checkpoint knew what it was trained on.
-    trained = [rollout_id for r in records for rollout_id, _ in r["rollouts"]]
-    assert len(trained) == len(set(trained)) == 8 * 16
-    before = read_trained(checkpoint)
-    assert set(before.rollout_ids) == {rid for r in records[:resumed] for rid, _ in r["rollouts"]}
-    position = before.prompt_positions[0]
-    assert position > 0
-    assert (
-        f"actor 0: prompt stream resumes at position {position}"
-        in (run_dir / "logs" / "actor0.log").read_text()
-    )
 
-    # The platform database: the surviving versions' statistics; the ledger holds exactly their rollouts.
-    with PlatformStore(database_url(config)) as store:
-        detail = store.get_run(run_id)
-        ledger = store.consumed_ids(run_id)
-    assert [step.version for step in detail.steps] == list(range(1, 9))
+def test_no_rollout_is_trained_twice_and_each_checkpoint_knew_what_it_was_trained_on(restarted):
+    from pipelinerl.platform.checkpoint import read_trained
+
+    records = restarted.records
+    trained = [rollout_id for r in records for rollout_id, _ in r["rollouts"]]
+    assert len(trained) == len(set(trained)) == MAX_STEPS * BATCH
+    actor_log = (restarted.run_dir / "logs" / "actor0.log").read_text()
+    for attempt, resumed in enumerate(restarted.resumed, start=1):
+        before = read_trained(restarted.checkpoint(attempt))
+        assert set(before.rollout_ids) == {rid for r in records[:resumed] for rid, _ in r["rollouts"]}
+        position = before.prompt_positions[0]
+        assert position > 0
+        assert f"actor 0: prompt stream resumes at position {position}" in actor_log, attempt
+
+
+def test_the_platform_database_holds_the_surviving_versions(restarted):
+    """The surviving versions' statistics; the ledger holds exactly their rollouts."""
+    from pipelinerl.platform.tracking.db import database_url
+    from pipelinerl.platform.tracking.store import PlatformStore
+
+    survivors = {r["policy_version"]: r for r in restarted.records}
+    with PlatformStore(database_url(restarted.config)) as store:
+        detail = store.get_run(restarted.run_id)
+        ledger = store.consumed_ids(restarted.run_id)
+    assert [step.version for step in detail.steps] == list(range(1, MAX_STEPS + 1))
     for step in detail.steps:
         assert step.ess == pytest.approx(survivors[step.version]["rl/ess"])
-    assert ledger == set(trained)
+    assert ledger == {rollout_id for r in restarted.records for rollout_id, _ in r["rollouts"]}
 
-    # MLflow: the later point of each step is the surviving attempt's; the restart is said.
+
+def test_mlflow_says_each_restart_and_keeps_the_surviving_attempt_last(restarted):
+    """The later point of each step is the surviving attempt's; each restart is said."""
     client = mlflow.MlflowClient()
-    run = client.get_run((run_dir / "mlflow_run_id").read_text())
+    run = client.get_run((restarted.run_dir / "mlflow_run_id").read_text())
     assert run.info.status == "FINISHED"
-    assert [m.value for m in client.get_metric_history(run.info.run_id, "run/restarts")] == [1.0]
-    discarded_count = client.get_metric_history(run.info.run_id, "restart/discarded_versions")
-    assert [m.value for m in discarded_count] == [float(len(restart["discarded_versions"]))]
-    assert f"resumed from version {resumed}" in run.data.tags["pipelinerl.restart.1"]
-    ess = client.get_metric_history(run.info.run_id, "rl/ess")
+
+    def in_time_order(key: str) -> list[float]:
+        history = client.get_metric_history(run.info.run_id, key)
+        return [m.value for m in sorted(history, key=lambda m: m.timestamp)]
+
+    assert in_time_order("run/restarts") == [1.0, 2.0, 3.0]
+    assert in_time_order("restart/discarded_versions") == [
+        float(len(r["discarded_versions"])) for r in restarted.restarts
+    ]
+    for attempt, resumed in enumerate(restarted.resumed, start=1):
+        assert f"resumed from version {resumed}" in run.data.tags[f"pipelinerl.restart.{attempt}"]
+    survivors = {r["policy_version"]: r for r in restarted.records}
     latest: dict[int, tuple[int, float]] = {}
-    for point in ess:
+    for point in client.get_metric_history(run.info.run_id, "rl/ess"):
         if point.step not in latest or point.timestamp >= latest[point.step][0]:
             latest[point.step] = (point.timestamp, point.value)
-    assert sorted(latest) == list(range(1, 9))
+    assert sorted(latest) == list(range(1, MAX_STEPS + 1))
     for version, (_, value) in latest.items():
         assert value == pytest.approx(survivors[version]["rl/ess"]), version

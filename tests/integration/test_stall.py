@@ -15,33 +15,29 @@ import os
 import signal
 import subprocess
 import threading
-import time
+from pathlib import Path
 
 import pytest
 
 from pipelinerl.launch.launcher import launch
 from pipelinerl.launch.stages import RunStalled
 from pipelinerl.platform.config import load_config
-from tests.conftest import worker_port
+from tests.conftest import wait_until, worker_port
 
 pytestmark = pytest.mark.slow
 
 
-def _freeze_preprocessor_after_first_step(run_dir_parent, frozen: list[int], stop: threading.Event) -> None:
-    while not stop.is_set():
-        for metrics in run_dir_parent.glob("*/metrics.jsonl"):
-            if metrics.is_file() and metrics.read_text().strip():
-                pids = subprocess.run(
-                    ["pgrep", "-f", f"pipelinerl.workers.preprocessor --run-dir {metrics.parent}"],
-                    capture_output=True,
-                    text=True,
-                ).stdout.split()
-                for pid in pids:
-                    os.kill(int(pid), signal.SIGSTOP)
-                    frozen.append(int(pid))
-                if pids:
-                    return
-        time.sleep(0.2)
+def _preprocessor_after_first_step(run_dir: Path) -> list[int]:
+    """The preprocessor's pids once the run has trained its first version (else none)."""
+    metrics = run_dir / "metrics.jsonl"
+    if not (metrics.is_file() and metrics.read_text().strip()):
+        return []
+    pids = subprocess.run(
+        ["pgrep", "-f", f"pipelinerl.workers.preprocessor --run-dir {run_dir}"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return [int(pid) for pid in pids]
 
 
 def test_a_frozen_stage_ends_the_run_with_a_named_stall(tmp_path, random_model_dir):
@@ -61,21 +57,36 @@ def test_a_frozen_stage_ends_the_run_with_a_named_stall(tmp_path, random_model_d
             f"transport.base_port={worker_port(27800)}",
         ],
     )
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = launch(config, run_id="stalled")
+        except BaseException as error:  # raised again below
+            outcome["error"] = error
+
+    def first_step_done() -> list[int]:
+        if not thread.is_alive():
+            pytest.fail(f"the run ended before its preprocessor could be frozen: {outcome}")
+        return _preprocessor_after_first_step(tmp_path / "stalled")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
     frozen: list[int] = []
-    stop = threading.Event()
-    freezer = threading.Thread(
-        target=_freeze_preprocessor_after_first_step, args=(tmp_path, frozen, stop), daemon=True
-    )
-    freezer.start()
     try:
-        with pytest.raises(RunStalled, match=r"no optimizer step for \d+ s since policy version \d+") as info:
-            launch(config, run_id="stalled")
+        for pid in wait_until(first_step_done, timeout_s=300, what="the first step and the preprocessor"):
+            os.kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
+        thread.join(timeout=300)
+        assert not thread.is_alive(), "the launcher never gave up on the stalled run"
     finally:
-        stop.set()
         for pid in frozen:  # normally gone already: the launcher's SIGKILL reaches a stopped process
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert frozen, "the preprocessor was frozen after the first step"
+    with pytest.raises(RunStalled, match=r"no optimizer step for \d+ s since policy version \d+") as info:
+        if "error" in outcome:
+            raise outcome["error"]
     assert "run.stall_timeout_s=45" in str(info.value)
     records = [json.loads(line) for line in (tmp_path / "stalled" / "metrics.jsonl").read_text().splitlines()]
     assert 1 <= len(records) < config.run.max_steps

@@ -1,13 +1,17 @@
 """A real run tracked in a real MLflow store and the platform database (SQLite in a temporary home).
 
-One short pipeline run (checkpoints and figures every 2 versions) is launched once for the module;
-the tests read back what MLflow and the database hold and compare it with the run's own files.
+One short pipeline run (checkpoints and figures every 2 versions) is launched once for the module,
+with the ``pipelinerl run`` command as a user launches it; the tests read back what MLflow and the
+database hold and compare it with the run's own files (and what the command printed).
+A second run, also once for the module, resumes from the first one's checkpoint and tracks to a real
+MLflow server that goes away mid-run and comes back; that server then also takes replayed records.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -16,44 +20,60 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from pipelinerl.launch.launcher import launch
+from pipelinerl.launch.launcher import RunResult, launch
 from pipelinerl.platform.checkpoint import read_info
 from pipelinerl.platform.config import load_config
-from pipelinerl.platform.tracking.metrics import METRICS
-from tests.conftest import free_port, worker_port
+from pipelinerl.platform.tracking.metric_registry import declaration
+from tests.conftest import free_port, wait_until, worker_port
 
-pytestmark = pytest.mark.slow
+# The module's runs are set up by their first tests (the second waits out a server outage): room for
+# a loaded machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 STEPS = 4
 
 
 @pytest.fixture(scope="module")
-def tracked(tmp_path_factory, random_model_dir):
+def tracked_command(tmp_path_factory, random_model_dir):
+    """The module's run, launched with the command: its config, run directory and the command's output."""
     tmp_path = tmp_path_factory.mktemp("tracked")
-    config = load_config(
-        None,
-        [
-            f"model.path={random_model_dir}",
-            f"run.output_dir={tmp_path / 'runs'}",
-            f"run.home={tmp_path / 'home'}",
-            f"run.max_steps={STEPS}",
-            "run.name=tracking-test",
-            "rl.group_size=4",
-            "rl.batch_size=16",
-            "actor.max_in_flight=16",
-            "task.eval_problems=16",
-            "trainer.checkpoint_every=2",
-            "tracking.figures_every=2",
-            "tracking.flush_interval_s=0.5",
-            f"transport.base_port={worker_port(22100)}",
-        ],
+    settings = [
+        f"model.path={random_model_dir}",
+        f"run.output_dir={tmp_path / 'runs'}",
+        f"run.home={tmp_path / 'home'}",
+        f"run.max_steps={STEPS}",
+        "run.name=tracking-test",
+        "rl.group_size=4",
+        "rl.batch_size=16",
+        "actor.max_in_flight=16",
+        "task.eval_problems=16",
+        "trainer.checkpoint_every=2",
+        "tracking.figures_every=2",
+        "tracking.flush_interval_s=0.5",
+        f"transport.base_port={worker_port(22100)}",
+    ]
+    command = subprocess.run(
+        [sys.executable, "-m", "pipelinerl.cli", "run", *[f"--set={setting}" for setting in settings]],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
-    result = launch(config)
+    assert command.returncode == 0, command.stdout[-3000:] + command.stderr[-3000:]
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    return load_config(None, settings), run_dir, command
+
+
+@pytest.fixture(scope="module")
+def tracked(tracked_command):
+    config, run_dir, _ = tracked_command
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    result = RunResult(run_dir, json.loads((run_dir / "summary.json").read_text()), records)
     from mlflow.tracking import MlflowClient
 
     from pipelinerl.platform.tracking.db import database_url
@@ -62,6 +82,25 @@ def tracked(tmp_path_factory, random_model_dir):
     client = MlflowClient(tracking_uri=mlflow_uri(config))
     mlflow_run_id = (result.run_dir / "mlflow_run_id").read_text()
     return config, result, client, client.get_run(mlflow_run_id), database_url(config)
+
+
+SUMMARY_FIELDS = {
+    "mode", "steps", "final_policy_version", "eval_success_start", "eval_success_end", "eval_samples",
+    "ess_mean", "lag_mean", "lag_max", "inflight_sequences", "wall_s", "tokens_per_s",
+}  # fmt: skip
+
+
+def test_the_command_writes_the_run_directory_and_says_what_it_did(tracked_command):
+    _, run_dir, command = tracked_command
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary.keys() >= SUMMARY_FIELDS
+    assert summary["steps"] == summary["final_policy_version"] == STEPS and summary["eval_samples"] == 16
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in records] == list(range(1, STEPS + 1))
+    assert json.loads((run_dir / "config.json").read_text())["run"]["max_steps"] == STEPS
+    assert "held-out success" in command.stdout and "sequences written by 2+ versions" in command.stdout
+    assert "MLflow run" in command.stdout
+    assert (run_dir / "mlflow_run_id").read_text() in command.stdout.replace("\n", "")
 
 
 def test_run_params_and_tags(tracked):
@@ -101,7 +140,7 @@ def test_metrics_use_stable_names_and_policy_versions_as_steps(tracked):
     ):
         history = client.get_metric_history(run_id, key)
         assert history, f"{key} was never logged"
-        assert key in METRICS
+        assert declaration(key) is not None and declaration(key).mlflow
     idle = [m.value for m in client.get_metric_history(run_id, "trainer/idle_fraction")]
     assert all(0 <= value <= 1 for value in idle)
     evals = client.get_metric_history(run_id, "eval/success")
@@ -157,23 +196,16 @@ def test_platform_database_holds_the_run(tracked):
     assert any(v.pause_ms is not None for v in versions.values()), "actor pauses reach the database"
     # Every trained rollout is in the ledger exactly once.
     assert len(store.consumed_ids(result.run_dir.name)) == result.summary["samples_trained"]
-    assert sum(detail.lag_histograms[1].values()) == result.records[0]["tokens"]
+    assert sum(detail.lag_histograms[1].values()) == result.records[0]["trainer/tokens"]
 
 
-def test_resume_from_a_checkpoint(tracked, tmp_path):
-    config, result, client, _, _ = tracked
-    checkpoint = result.run_dir / "checkpoints" / "v000002"
-    resumed_config = config.model_copy(
-        update={
-            "run": config.run.model_copy(update={"resume_from": checkpoint, "output_dir": tmp_path}),
-            "transport": config.transport.model_copy(update={"base_port": worker_port(22140)}),
-        }
-    )
-    resumed = launch(resumed_config)
-    assert [r["policy_version"] for r in resumed.records] == [3, 4]
+def test_resume_from_a_checkpoint(served):
+    """The served run resumed from the tracked run's checkpoint at version 2."""
+    resumed = served.result
+    assert [r["policy_version"] for r in resumed.records] == list(range(3, SERVED_STEPS + 1))
     assert resumed.records[0]["samples/trained"] == 32 + 16
     assert resumed.summary["start_policy_version"] == 2
-    assert read_info(resumed.run_dir / "final").policy_version == STEPS
+    assert read_info(resumed.run_dir / "final").policy_version == SERVED_STEPS
 
 
 def test_the_same_records_track_to_postgresql(tracked, postgres_url, second_postgres_url):
@@ -234,16 +266,16 @@ def mlflow_server(store: Path, port: int) -> Iterator[str]:
         start_new_session=True,
     )
     uri = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            urllib.request.urlopen(f"{uri}/health", timeout=2)
+        except OSError:
+            return False
+        return True
+
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"{uri}/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("mlflow server did not become healthy in 90 s")
+        wait_until(healthy, timeout_s=90, what="the mlflow server to become healthy", interval_s=0.5)
         yield uri
     finally:
         os.killpg(server.pid, signal.SIGKILL)
@@ -254,7 +286,118 @@ def with_tracking(config, **update):
     return config.model_copy(update={"tracking": config.tracking.model_copy(update=update)})
 
 
-def test_the_same_records_track_to_a_tracking_server(tracked, tmp_path):
+class LogLines(logging.Handler):
+    """What the run logged (all loggers reach the root), for a module-scoped fixture (no caplog)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.NOTSET)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+SERVED_STEPS = 12  # resumed at 2: ten steps, the server down in the middle
+
+
+@dataclass
+class Served:
+    uri: str  # the server, up again (on the same store) for the rest of the module
+    store: Path  # its database and artifacts
+    result: object  # RunResult of the run resumed from the tracked run's checkpoint
+    logs: LogLines
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tracked) -> Iterator[Served]:
+    """The tracked run resumed from its checkpoint at version 2, tracking to a real MLflow server
+    that is stopped once it has two steps, and brought back on the same store once the run has
+    found it unreachable (the outage is then part of the run, whatever the machine's speed)."""
+    config, tracked_result, *_ = tracked
+    tmp_path = tmp_path_factory.mktemp("served")
+    port = free_port()
+    resumed_config = config.model_copy(
+        update={
+            "run": config.run.model_copy(
+                update={
+                    "resume_from": tracked_result.run_dir / "checkpoints" / "v000002",
+                    "output_dir": tmp_path / "runs",
+                    "max_steps": SERVED_STEPS,
+                }
+            ),
+            "transport": config.transport.model_copy(update={"base_port": worker_port(22200)}),
+            "tracking": config.tracking.model_copy(
+                update={
+                    "mlflow_uri": f"http://127.0.0.1:{port}",
+                    "database_url": f"sqlite:///{tmp_path / 'platform.db'}",
+                    "final_flush_timeout_s": 120,
+                }
+            ),
+        }
+    )
+    logs = LogLines()
+    logging.getLogger().addHandler(logs)
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = launch(resumed_config, run_id="outage")
+        except BaseException as error:
+            outcome["error"] = error
+
+    def alive() -> bool:
+        if not thread.is_alive() and "result" not in outcome:
+            pytest.fail(f"the run thread died: {outcome}")
+        return True
+
+    try:
+        with mlflow_server(tmp_path, port):
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            metrics = tmp_path / "runs" / "outage" / "metrics.jsonl"
+            wait_until(
+                lambda: alive() and metrics.exists() and len(metrics.read_text().splitlines()) >= 2,
+                timeout_s=240,
+                what="the resumed run's first two steps",
+                interval_s=0.2,
+            )
+        # The server is down now; training goes on.
+        wait_until(
+            lambda: alive() and "tracking store unreachable" in logs.text,
+            timeout_s=120,
+            what="the run to notice that the tracking server went away",
+            interval_s=0.2,
+        )
+        with mlflow_server(tmp_path, port) as uri:
+            thread.join(timeout=300)
+            assert not thread.is_alive(), "the run did not end within 300 s of the server's return"
+            if "error" in outcome:
+                raise outcome["error"]
+            yield Served(uri=uri, store=tmp_path, result=outcome["result"], logs=logs)
+    finally:
+        logging.getLogger().removeHandler(logs)
+
+
+def test_a_tracking_server_that_goes_away_mid_run(served):
+    """The run keeps training while the server is down, says so, and writes everything once it is back."""
+    from mlflow.tracking import MlflowClient
+
+    result = served.result
+    assert result.summary["steps"] == SERVED_STEPS - 2
+    assert "tracking store unreachable" in served.logs.text
+    assert "reachable again" in served.logs.text
+    client = MlflowClient(tracking_uri=served.uri)
+    run = client.get_run((result.run_dir / "mlflow_run_id").read_text())
+    assert run.info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "rl/ess")]
+    assert steps == list(range(3, SERVED_STEPS + 1)), "every step reached MLflow exactly once"
+
+
+def test_the_same_records_track_to_a_tracking_server(tracked, served, tmp_path):
     """``tracking.mlflow_uri=http://...``: records and figures reach a real server."""
     from mlflow.tracking import MlflowClient
 
@@ -262,74 +405,21 @@ def test_the_same_records_track_to_a_tracking_server(tracked, tmp_path):
     from pipelinerl.platform.tracking.run_tracker import RunTracker
 
     config, result, _, _, _ = tracked
-    with mlflow_server(tmp_path, free_port()) as uri:
-        on_server = with_tracking(
-            config, mlflow_uri=uri, database_url=f"sqlite:///{tmp_path / 'platform.db'}"
-        )
-        tracker = RunTracker(on_server, "served-run")
-        mlflow_run_id = tracker.start(config.model.path, started_at=time.time())
-        tracker.trainer_records(JsonlTail(result.run_dir / "metrics.jsonl").read())
-        tracker.finish("finished", result.summary)
-        client = MlflowClient(tracking_uri=uri)
-        history = client.get_metric_history(mlflow_run_id, "lag/mean")
-        assert [m.value for m in history] == pytest.approx([r["lag/mean"] for r in result.records])
-        names = {a.path for a in client.list_artifacts(mlflow_run_id, "figures")}
-        assert "figures/lag_histogram.png" in names
-        assert any((tmp_path / "server-artifacts").rglob("lag_histogram.png")), "the server stored it"
-        assert tracker.failures == 0
-
-
-def test_a_tracking_server_that_goes_away_mid_run(tmp_path, random_model_dir, caplog):
-    """The run keeps training while the server is down, says so, and writes everything once it is back."""
-    from mlflow.tracking import MlflowClient
-
-    port = free_port()
-    config = load_config(
-        None,
-        [
-            f"model.path={random_model_dir}",
-            f"run.output_dir={tmp_path / 'runs'}",
-            f"run.home={tmp_path / 'home'}",
-            "run.max_steps=10",
-            "rl.group_size=4",
-            "rl.batch_size=16",
-            "actor.max_in_flight=16",
-            "task.eval_problems=16",
-            "tracking.flush_interval_s=0.5",
-            "tracking.final_flush_timeout_s=120",
-            f"tracking.mlflow_uri=http://127.0.0.1:{port}",
-            f"transport.base_port={worker_port(22200)}",
-        ],
+    on_server = with_tracking(
+        config, mlflow_uri=served.uri, database_url=f"sqlite:///{tmp_path / 'platform.db'}"
     )
-    outcome: dict = {}
-    with mlflow_server(tmp_path, port):
-        thread = threading.Thread(target=lambda: outcome.update(result=launch(config, run_id="outage")))
-        thread.start()
-        metrics = tmp_path / "runs" / "outage" / "metrics.jsonl"
-        deadline = time.monotonic() + 180
-        while (
-            not metrics.exists() or len(metrics.read_text().splitlines()) < 2
-        ) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert metrics.exists(), "the run never started training"
-    # The server is down now; training goes on. Bring it back on the same store once the run has
-    # found it unreachable (the outage is then part of the run, whatever the machine's speed).
-    deadline = time.monotonic() + 120
-    while "tracking store unreachable" not in caplog.text:
-        assert thread.is_alive() or "result" in outcome, "the run thread died"
-        assert time.monotonic() < deadline, "the run never noticed that the tracking server went away"
-        time.sleep(0.2)
-    with mlflow_server(tmp_path, port) as uri:
-        thread.join(timeout=300)
-        result = outcome["result"]
-        assert result.summary["steps"] == 10
-        assert "tracking store unreachable" in caplog.text
-        assert "reachable again" in caplog.text
-        client = MlflowClient(tracking_uri=uri)
-        run = client.get_run((result.run_dir / "mlflow_run_id").read_text())
-        assert run.info.status == "FINISHED"
-        steps = [m.step for m in client.get_metric_history(run.info.run_id, "rl/ess")]
-        assert steps == list(range(1, 11)), "every step reached MLflow exactly once"
+    tracker = RunTracker(on_server, "served-run")
+    mlflow_run_id = tracker.start(config.model.path, started_at=time.time())
+    tracker.trainer_records(JsonlTail(result.run_dir / "metrics.jsonl").read())
+    tracker.finish("finished", result.summary)
+    client = MlflowClient(tracking_uri=served.uri)
+    history = client.get_metric_history(mlflow_run_id, "lag/mean")
+    assert [m.value for m in history] == pytest.approx([r["lag/mean"] for r in result.records])
+    names = {a.path for a in client.list_artifacts(mlflow_run_id, "figures")}
+    assert "figures/lag_histogram.png" in names
+    stored = (served.store / "server-artifacts").rglob("lag_histogram.png")
+    assert any(mlflow_run_id in path.parts for path in stored), "the server stored it"
+    assert tracker.failures == 0
 
 
 def test_a_run_whose_launcher_died_is_marked_crashed_and_caught_up_by_the_dashboard(tracked, tmp_path):
