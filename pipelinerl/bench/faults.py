@@ -10,11 +10,21 @@ stage's checks); a process without them is refused at the handshake, which each 
 
 * damaged, truncated, garbage and wrong-schema frames (``fault_frames.damaged_frames``) at ``rate``
   frames per second;
-* at the start and then every ``IMPOSSIBLE_EVERY_S`` seconds, the run's own rollouts with impossible
-  values, groups that never complete and tokens outside the vocabulary
-  (``fault_frames.impossible_rollouts``);
+* at the start and then every ``IMPOSSIBLE_EVERY_S`` seconds, the run's own rollouts with tokens
+  outside the vocabulary (complete groups: the preprocessor batches them, the trainer must refuse
+  them), impossible values and groups that never complete (``fault_frames.impossible_rollouts``), in
+  that order;
 * at the start, ``OVERSIZED`` frames one byte over ``transport.max_message_mib``, on a connection of
   their own (ZeroMQ drops such a peer).
+
+The first tick (the impossible set, the oversized frames, ``rate / 10`` damaged frames) goes out as
+soon as the first batch is seen, before anything that can take time (the keyless handshake, finding
+the preprocessor's process): a run of a few steps may otherwise end before the flood reaches it. The
+preprocessor reads the stranger's connection in turn with the actor's (ZeroMQ's fair queueing), so
+the set's out-of-vocabulary groups, first in line, are read within a batch of it and trained (refused)
+while the run still has its steps ahead; behind the set's 300 others they could wait in the socket
+past the run's last batch. Each run's row says how many it sent (``sent_outside_vocabulary``): the
+trainer refuses at least the first set's and never more than were sent.
 
 What each run wrote is the measurement: held-out success before and after (the summary), the
 preprocessor's counts of refused, lost and dropped input (``preprocessor.final.json``, its counts when
@@ -43,6 +53,7 @@ from typing import Any
 from pipelinerl.bench.fault_frames import damaged_frames, impossible_rollouts, numbered
 from pipelinerl.launch.launcher import RunResult, launch
 from pipelinerl.platform.config import PipelineConfig, with_overrides
+from pipelinerl.platform.tracking import metric_registry as registry
 
 IMPOSSIBLE_EVERY_S = 5.0
 FLOOD_UNTIL = 0.75  # of the run's steps
@@ -74,6 +85,7 @@ class Flood:
 
     damaged: int = 0
     impossible: int = 0
+    outside_vocabulary: int = 0  # of ``impossible``: rollouts with token ids outside any vocabulary
     oversized: int = 0
     keyless: str | None = None  # how a peer without the run's keys fared: refused, accepted, no outcome
     rss_mib: list[float] = field(default_factory=list)
@@ -119,7 +131,6 @@ def flooded_run(
     runner.start()
     flood = Flood()
     try:
-        _wait_for_first_batch(run_dir, runner)
         _flood(config, run_dir, rate, runner, flood)
     finally:
         runner.join()
@@ -130,15 +141,17 @@ def flooded_run(
     return outcome["result"], flood
 
 
-def _wait_for_first_batch(run_dir: Path, runner: threading.Thread) -> None:
+def _wait_for_first_batch(run_dir: Path, runner: threading.Thread) -> bool:
+    """Whether the preprocessor sent its first batch (False: the run ended, or failed, before it)."""
     records = run_dir / "preprocessor.jsonl"
     deadline = time.monotonic() + FIRST_BATCH_TIMEOUT_S
     while not (records.exists() and records.stat().st_size > 0):
         if not runner.is_alive():
-            return  # the run ended (or failed) before its first batch: nothing to flood
+            return False
         if time.monotonic() > deadline:
             raise TimeoutError(f"run {run_dir.name}: no batch within {FIRST_BATCH_TIMEOUT_S:.0f} s")
-        time.sleep(0.2)
+        time.sleep(0.05)
+    return True
 
 
 def _flood(config: PipelineConfig, run_dir: Path, rate: int, runner: threading.Thread, flood: Flood) -> None:
@@ -148,9 +161,9 @@ def _flood(config: PipelineConfig, run_dir: Path, rate: int, runner: threading.T
     from pipelinerl.platform.curve_keys import present_client_keys, run_keys
     from pipelinerl.tasks import build_task
 
+    # Everything that takes time before the first batch: from it on, the run may have a few steps left.
     problems = build_task(config.task).problems("train", config.task.train_problems, config.run.seed)
     problem_ids = [problem.problem_id for problem in problems]
-    preprocessor = _stage_process(run_dir, "pipelinerl.workers.preprocessor")
     address = config.transport.address("rollouts")
     context = zmq.Context()
     stranger = context.socket(zmq.PUSH)
@@ -159,7 +172,8 @@ def _flood(config: PipelineConfig, run_dir: Path, rate: int, runner: threading.T
     oversized = context.socket(zmq.PUSH)
     oversized.setsockopt(zmq.LINGER, 0)
     try:
-        flood.keyless = _keyless_handshake(context, address)
+        if not _wait_for_first_batch(run_dir, runner):
+            return  # the run ended (or failed) before its first batch: nothing to flood
         keys = run_keys(run_dir)  # the launcher wrote them before any stage started
         present_client_keys(stranger, keys)
         present_client_keys(oversized, keys)
@@ -171,24 +185,23 @@ def _flood(config: PipelineConfig, run_dir: Path, rate: int, runner: threading.T
         tick, chunk = 0.1, max(1, round(rate * 0.1))
         next_impossible, seq = 0.0, 0
         last_step = FLOOD_UNTIL * config.run.max_steps
-        while runner.is_alive():  # one tick at least, then until last_step is trained
+        preprocessor = None
+        while True:  # the first tick at once, even if the run has just ended; then until last_step
             started = time.monotonic()
             if started >= next_impossible:
-                for rollouts in impossible_rollouts(run_dir.name, problem_ids, first=10**7 * seq).values():
-                    for rollout in rollouts:
-                        seq += 1
-                        with contextlib.suppress(zmq.Again):
-                            stranger.send_multipart(numbered(rollout, seq, "impossible"))
-                            flood.impossible += 1
+                seq = _send_impossible(stranger, run_dir.name, problem_ids, seq, flood)
                 next_impossible = started + IMPOSSIBLE_EVERY_S
             for _, frames in damaged_frames(chunk, seed=config.run.seed, first=flood.damaged):
                 with contextlib.suppress(zmq.Again):
                     stranger.send_multipart(frames)
                     flood.damaged += 1
+            if flood.keyless is None:  # once, the first tick's frames on their way
+                preprocessor = _stage_process(run_dir, "pipelinerl.workers.preprocessor")
+                flood.keyless = _keyless_handshake(context, address)
             if preprocessor is not None:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     flood.rss_mib.append(preprocessor.memory_info().rss / 2**20)
-            if _steps_trained(run_dir) >= last_step:
+            if not runner.is_alive() or _steps_trained(run_dir) >= last_step:
                 break
             time.sleep(max(0.0, tick - (time.monotonic() - started)))
     except Exception as error:  # reported after the run ends; the run itself is never left running
@@ -197,6 +210,23 @@ def _flood(config: PipelineConfig, run_dir: Path, rate: int, runner: threading.T
         stranger.close(linger=0)
         oversized.close(linger=0)
         context.term()
+
+
+def _send_impossible(stranger: Any, run_id: str, problem_ids: list[str], seq: int, flood: Flood) -> int:
+    """One set of ``impossible_rollouts`` on the stranger's stream, its out-of-vocabulary groups first
+    (the ones the preprocessor batches: first in line, they are read before the run's last batch); the
+    stream's last number."""
+    import zmq
+
+    sets = impossible_rollouts(run_id, problem_ids, first=10**7 * seq)
+    for kind in sorted(sets, key=lambda kind: kind != "outside_vocabulary"):
+        for rollout in sets[kind]:
+            seq += 1
+            with contextlib.suppress(zmq.Again):
+                stranger.send_multipart(numbered(rollout, seq, "impossible"))
+                flood.impossible += 1
+                flood.outside_vocabulary += kind == "outside_vocabulary"
+    return seq
 
 
 def _keyless_handshake(context: Any, address: str) -> str:
@@ -249,8 +279,8 @@ def run_row(seed: int, kind: str, run: RunResult, flood: Flood) -> dict[str, Any
     summary = run.summary
     final = run.run_dir / "preprocessor.final.json"
     last = json.loads(final.read_text()) if final.exists() else {}
-    refused = int(last.get("preprocessor/malformed", 0) + last.get("preprocessor/rejected", 0))
-    trained = {rollout_id for record in run.records for rollout_id, _ in record.get("rollouts", [])}
+    refused = int(last.get(registry.PREPROCESSOR_MALFORMED, 0) + last.get(registry.PREPROCESSOR_REJECTED, 0))
+    trained = {rollout_id for record in run.records for rollout_id, _ in record.get(registry.ROLLOUTS, [])}
     return {
         "seed": seed,
         "run": kind,
@@ -265,21 +295,24 @@ def run_row(seed: int, kind: str, run: RunResult, flood: Flood) -> dict[str, Any
         "final_policy_version": summary.get("final_policy_version"),
         "sent_damaged": flood.damaged,
         "sent_impossible": flood.impossible,
+        "sent_outside_vocabulary": flood.outside_vocabulary,
         "sent_oversized": flood.oversized,
-        "received": int(last.get("preprocessor/received", 0)),
+        "received": int(last.get(registry.PREPROCESSOR_RECEIVED, 0)),
         "refused": refused,
         # At most what the stranger sent and the stage never read: still queued when the run ended.
         "unread": max(0, flood.damaged + flood.impossible - refused),
         # The actors' messages lost; a stranger's damaged envelopes skip numbers of its own streams only.
         # Measured only if the actors' rollouts were counted as theirs (their streams pinned).
         "lost": _lost_from_actors(last),
-        "received_from_actors": last.get("preprocessor/received_from_actors"),
+        "received_from_actors": last.get(registry.PREPROCESSOR_RECEIVED_FROM_ACTORS),
         "keyless_stranger": flood.keyless,
-        "unauthenticated": last.get("preprocessor/unauthenticated"),
-        "lost_any_stream": int(last.get("preprocessor/lost", 0)),
-        "dropped_incomplete_groups": int(last.get("samples/dropped_incomplete_group", 0)),
-        "peer_disconnects": int(last.get("preprocessor/peer_disconnects", 0)),
-        "trainer_refused": int(run.records[-1].get("trainer/rejected", 0)) if run.records else 0,
+        "unauthenticated": last.get(registry.PREPROCESSOR_UNAUTHENTICATED),
+        "lost_any_stream": int(last.get(registry.PREPROCESSOR_LOST, 0)),
+        "dropped_incomplete_groups": int(
+            last.get(registry.name_of(registry.SAMPLES_DROPPED, reason="incomplete_group"), 0)
+        ),
+        "peer_disconnects": int(last.get(registry.PREPROCESSOR_PEER_DISCONNECTS, 0)),
+        "trainer_refused": int(run.records[-1].get(registry.TRAINER_REJECTED, 0)) if run.records else 0,
         "stranger_trained": sum(rollout_id.startswith("stranger") for rollout_id in trained),
         "rss_mib": [round(min(flood.rss_mib), 1), round(max(flood.rss_mib), 1)] if flood.rss_mib else None,
     }
@@ -289,8 +322,8 @@ def _lost_from_actors(final: dict[str, Any]) -> int | None:
     """``preprocessor/lost_from_actors``, or None where it measured nothing: a record without it, or one
     whose actors' rollouts were never counted as theirs (their streams not pinned, so a loss in them
     would not have counted either)."""
-    lost = final.get("preprocessor/lost_from_actors")
-    received = final.get("preprocessor/received_from_actors")
+    lost = final.get(registry.PREPROCESSOR_LOST_FROM_ACTORS)
+    received = final.get(registry.PREPROCESSOR_RECEIVED_FROM_ACTORS)
     if lost is None or not received:
         return None
     return int(lost)

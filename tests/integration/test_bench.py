@@ -120,22 +120,6 @@ def test_bench_transport_plain_measures_without_curvezmq(
     assert_positive_finite(record, ("headroom_over_actor", "transport_rollouts_per_s"))
 
 
-def test_actor_rate_from_a_run_directory(tmp_path: Path) -> None:
-    from pipelinerl.bench.actor_rate import actor_rate_from_run_dir
-
-    actor_records = [
-        {"time": 100.0, "actor/tokens_generated": 1_000},
-        {"time": 110.0, "actor/tokens_generated": 6_000},
-    ]
-    (tmp_path / "actor0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in actor_records))
-    steps = [{"tokens": 1_600, "samples": 32, "time": 100.0}, {"tokens": 1_600, "samples": 32, "time": 101.0}]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
-    rate = actor_rate_from_run_dir(tmp_path)
-    assert rate.source == "run_dir"
-    assert rate.tokens_per_s == pytest.approx(500.0)
-    assert rate.rollouts_per_s == pytest.approx(10.0)  # 500 tokens/s at 50 tokens per rollout
-
-
 def test_actor_rate_measured_by_a_short_engine_run(random_model_dir: Path) -> None:
     """Without an engine record or a run directory, bench transport measures the actor's rate."""
     from pipelinerl.bench.actor_rate import measure_actor_rate

@@ -1,22 +1,26 @@
-"""Reliability against damaged input, for each kind of receiving socket and for a live run, and of a
-run's shutdown (issue 15, wire part).
+"""Reliability against damaged input, for each kind of receiving socket and for a live run (issue 15,
+wire part).
 
-Socket-level tests drive the platform's ``Receiver`` over real ZeroMQ with a stranger's frames. Runs go
-through ``launch`` as ``pipelinerl run`` does, with a small random model. What a stage did is read from
-what it wrote (its log, its JSON-lines records), never from timings.
+Socket-level tests drive the platform's ``Receiver`` over real ZeroMQ with a stranger's frames. The
+live run goes through ``launch`` as ``pipelinerl run`` does, with a small random model, once for the
+module; each of its tests checks one property. What a stage did is read from what it wrote (its log,
+its JSON-lines records), never from timings. A conventional run's actor stopping on shutdown while
+it waits for weights (issue 15 too) is checked on the hammered run of ``test_stray_peers.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
 import socket
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -36,7 +40,7 @@ from pipelinerl.platform.wire import (
     Rollout,
     Shutdown,
 )
-from tests.conftest import worker_port
+from tests.conftest import wait_until, worker_port
 
 _next_port = iter(range(worker_port(27500), worker_port(27700), 20))
 
@@ -63,32 +67,7 @@ def small_config(tmp_path: Path, model_dir: Path, *overrides: str):
     )
 
 
-@pytest.mark.slow
-def test_a_conventional_run_actor_stops_on_shutdown_while_waiting_for_weights(tmp_path, random_model_dir):
-    """Rounds of two steps, generated before they are trained (``train_during_round=false``), three
-    steps in all: the trainer takes step 3 only once the actor has generated the whole second round
-    and waits for its weights, which never come (the run ends inside the round). So the actor is
-    waiting when the trainer's Shutdown arrives; it must wake and exit on its own, not be killed by
-    the launcher after its grace period."""
-    config = small_config(
-        tmp_path,
-        random_model_dir,
-        "run.mode=conventional",
-        "run.steps_per_round=2",
-        "run.train_during_round=false",
-        "run.max_steps=3",
-    )
-    result = launch(config, run_id="conventional-stop")
-    assert result.summary["steps"] == 3
-    log = (result.run_dir / "logs" / "actor0.log").read_text()
-    assert "shutdown: trainer finished" in log, log[-2000:]
-    assert ACTOR_CLOSING_LINE.search(log), f"the actor was killed, it did not exit:\n{log[-2000:]}"
-
-
 # ----- damaged frames -------------------------------------------------------------------------------
-
-
-
 
 FRAMES_PER_SOCKET = 10_000
 
@@ -124,12 +103,15 @@ def test_each_kind_of_receiving_socket_survives_ten_thousand_damaged_frames(cont
         peer.connect(address)
     try:
         good = [stranger_rollout(i, run_id="run") for i in range(100)]
-        hello = 0
         if socket_kind == "sub":  # the slow joiner: wait until a message gets through
-            deadline = time.monotonic() + 10
-            while receiver.recv(timeout_s=0.1) is None and time.monotonic() < deadline:
-                peer.send_multipart(numbered(Shutdown(reason="hello"), hello := hello + 1, "hello"))
-            while receiver.recv(timeout_s=0.2) is not None:
+            hellos = itertools.count(1)
+
+            def joined() -> bool:
+                peer.send_multipart(numbered(Shutdown(reason="hello"), next(hellos), "hello"))
+                return receiver.recv(timeout_s=0.1) is not None
+
+            wait_until(joined, 30, "the subscriber to join", interval_s=0)
+            while receiver.recv(timeout_s=0.2) is not None:  # the other hellos
                 pass
         sent = Counter()
         for index, (damage, frames) in enumerate(damaged_frames(FRAMES_PER_SOCKET, seed=port)):
@@ -161,9 +143,8 @@ def test_an_oversized_part_is_refused_by_zeromq_and_counted_as_a_dropped_connect
     try:
         peer.send_multipart([b"x" * (2**20 + 1)])
         assert receiver.recv(timeout_s=1.0) is None
-        deadline = time.monotonic() + 10
-        while receiver.peer_disconnects == 0 and time.monotonic() < deadline:
-            receiver.recv(timeout_s=0.1)
+        # Counted from the socket's monitor, read on a thread of its own.
+        wait_until(lambda: receiver.peer_disconnects, 30, "the oversized peer's connection dropped")
         assert receiver.peer_disconnects == 1
         # ZeroMQ reconnects the peer: its next, good message arrives
         peer.send_multipart(numbered(Shutdown(reason="after"), 1))
@@ -225,16 +206,30 @@ def stage_process(run_dir: Path, module: str) -> psutil.Process | None:
 FLOODED_STEPS = 30
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_a_live_run_keeps_running_and_learning_under_a_flood_of_damaged_frames(tmp_path, random_model_dir):
+@dataclass(frozen=True)
+class FloodedRun:
+    result: Any  # launcher.RunResult
+    run_dir: Path
+    impossible: dict[str, list[Rollout]]
+    rss: list[int]  # the preprocessor's, from the flood's start to the run's end
+
+    def log(self, name: str) -> str:
+        return (self.run_dir / "logs" / name).read_text()
+
+    def last_record(self) -> dict[str, Any]:
+        """The preprocessor's record of its last batch."""
+        return json.loads((self.run_dir / "preprocessor.jsonl").read_text().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def flooded(tmp_path_factory: pytest.TempPathFactory, random_model_dir: Path) -> FloodedRun:
     """10,000 damaged, truncated, garbage and wrong-schema frames, 300 well-formed but impossible or
     never-completing rollouts, 16 with tokens outside the vocabulary and 5 oversized parts, sent to
     the run's rollout socket while it trains, by a peer holding the run's keys (a stranger without
-    them is refused at the handshake: ``test_authenticated_wire.py``)."""
+    them is refused at the handshake: ``test_reward_hacking.py``, ``test_authenticated_wire.py``)."""
     from pipelinerl.tasks import build_task
-    from tests.integration.test_pipeline import check_records_against_token_data
 
+    tmp_path = tmp_path_factory.mktemp("flooded")
     config = small_config(
         tmp_path,
         random_model_dir,
@@ -254,14 +249,20 @@ def test_a_live_run_keeps_running_and_learning_under_a_flood_of_damaged_frames(t
     stranger = context.socket(zmq.PUSH)
     stranger.setsockopt(zmq.SNDHWM, 0)  # queue everything here; the run's side stays bounded
     stranger.setsockopt(zmq.LINGER, 0)
+    oversized = context.socket(zmq.PUSH)  # its own connection: ZeroMQ drops it, and what it queued
+    oversized.setsockopt(zmq.LINGER, 0)
     rss: list[int] = []
+    impossible = impossible_rollouts(run_id, problem_ids)
     try:
         # The flood starts once the preprocessor has sent its first batch: started, warm, memory settled.
-        deadline = time.monotonic() + 240
-        records = run_dir / "preprocessor.jsonl"
-        while not (records.exists() and records.read_text()):
-            assert time.monotonic() < deadline and thread.is_alive(), "the preprocessor sent no batch"
-            time.sleep(0.2)
+        def first_batch_sent() -> bool:
+            records = run_dir / "preprocessor.jsonl"
+            if records.exists() and records.read_text():
+                return True
+            assert thread.is_alive(), "the run ended before its first batch"
+            return False
+
+        wait_until(first_batch_sent, 240, "the preprocessor's first batch")
         preprocessor = stage_process(run_dir, "pipelinerl.workers.preprocessor")
         assert preprocessor is not None
         rss.append(preprocessor.memory_info().rss)
@@ -270,61 +271,99 @@ def test_a_live_run_keeps_running_and_learning_under_a_flood_of_damaged_frames(t
         keys = run_keys(run_dir)
         present_client_keys(stranger, keys)
         stranger.connect(config.transport.address("rollouts"))
-        impossible = impossible_rollouts(run_id, problem_ids)
+        # The rollouts the preprocessor accepts and batches (the trainer must refuse them) first in line,
+        # then the rest of the impossible ones, then the damaged frames: whatever of the flood is still
+        # unread near the run's end, the groups outside the vocabulary have been batched by then.
+        seq = 0
+        for kind in sorted(impossible, key=lambda kind: kind != "outside_vocabulary"):
+            for rollout in impossible[kind]:
+                stranger.send_multipart(numbered(rollout, seq := seq + 1, "impossible"))
         for _, frames in damaged_frames(FRAMES_PER_SOCKET, seed=7):
             stranger.send_multipart(frames)
-        seq = 0
-        for rollouts in impossible.values():
-            for rollout in rollouts:
-                stranger.send_multipart(numbered(rollout, seq := seq + 1, "impossible"))
-        oversized = context.socket(zmq.PUSH)  # its own connection: ZeroMQ drops it, and what it queued
-        oversized.setsockopt(zmq.LINGER, 0)
         present_client_keys(oversized, keys)
         oversized.connect(config.transport.address("rollouts"))
         for _ in range(5):
             oversized.send_multipart([b"x" * (2**20 + 1)])
-        while thread.is_alive():
+
+        def run_ended() -> bool:  # the preprocessor's memory sampled meanwhile
             with contextlib.suppress(psutil.NoSuchProcess):
                 rss.append(preprocessor.memory_info().rss)
-            time.sleep(0.5)
-        oversized.close(linger=0)
+            return not thread.is_alive()
+
+        wait_until(run_ended, 420, "the flooded run's end", interval_s=0.5)
     finally:
         thread.join(timeout=420)
+        oversized.close(linger=0)
         stranger.close(linger=0)
         context.term()
     assert not thread.is_alive(), "the run did not finish"
-    result = outcome["result"]
-    # every stage kept running to the end
-    assert result.summary["steps"] == result.summary["final_policy_version"] == FLOODED_STEPS
-    assert ACTOR_CLOSING_LINE.search((run_dir / "logs" / "actor0.log").read_text())
-    for log in ("preprocessor.log", "trainer0.log", "actor0.log"):
-        assert "Traceback" not in (run_dir / "logs" / log).read_text(), log
-    # every rejection counted, per stage, in the run's records
-    sent = [json.loads(line) for line in (run_dir / "preprocessor.jsonl").read_text().splitlines()]
-    last = sent[-1]
-    refused = last["preprocessor/malformed"] + last["preprocessor/rejected"]
-    assert refused >= FRAMES_PER_SOCKET + len(impossible["rejected"]), last
-    assert last["samples/dropped_incomplete_group"] >= len(impossible["never_complete"]) - 32, last
-    assert last["preprocessor/peer_disconnects"] >= 1, last
-    assert last["preprocessor/lost_from_actors"] == 0, "the actor's rollouts all arrived, in order"
-    final = json.loads((run_dir / "preprocessor.final.json").read_text())
-    # The count above can fail: the actor's streams were pinned (its rollouts were counted as its own).
-    assert final["preprocessor/received_from_actors"] >= FLOODED_STEPS * 16, final
-    assert result.records[-1]["trainer/rejected"] == len(impossible["outside_vocabulary"])
-    assert max(r["queue/rollouts"] for r in sent) <= 64, "incomplete groups were bounded"
-    # memory stayed bounded
-    growth_mib = (max(rss) - rss[0]) / 2**20
-    assert growth_mib < 100, f"the preprocessor grew by {growth_mib:.0f} MiB"
-    # it learned from the actor's data only, and its statistics are what its tokens say
-    trained = {rollout_id for record in result.records for rollout_id, _ in record["rollouts"]}
-    assert not any(rollout_id.startswith("stranger") for rollout_id in trained)
-    check_records_against_token_data(result)
-    figures = {
-        "sent_damaged": FRAMES_PER_SOCKET,
-        "sent_impossible": sum(map(len, impossible.values())),
-        "sent_oversized": 5,
-        **{key: last[key] for key in last if key.startswith(("preprocessor/", "samples/dropped"))},
-        "trainer/rejected": result.records[-1]["trainer/rejected"],
-        "preprocessor_rss_mib": [rss[0] / 2**20, max(rss) / 2**20],
-    }
-    print("flood figures:", json.dumps(figures))
+    return FloodedRun(outcome["result"], run_dir, impossible, rss)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+class TestAFloodedRun:
+    """The live run under the flood (``flooded``): one property each."""
+
+    def test_a_flooded_run_trains_all_its_steps(self, flooded: FloodedRun) -> None:
+        summary = flooded.result.summary
+        assert summary["steps"] == summary["final_policy_version"] == FLOODED_STEPS, summary
+
+    def test_every_stage_of_a_flooded_run_keeps_running_to_the_end(self, flooded: FloodedRun) -> None:
+        assert ACTOR_CLOSING_LINE.search(flooded.log("actor0.log"))
+        for log in ("preprocessor.log", "trainer0.log", "actor0.log"):
+            assert "Traceback" not in flooded.log(log), log
+
+    def test_every_damaged_frame_and_impossible_rollout_is_refused_and_counted(
+        self, flooded: FloodedRun
+    ) -> None:
+        last = flooded.last_record()
+        refused = last["preprocessor/malformed"] + last["preprocessor/rejected"]
+        assert refused >= FRAMES_PER_SOCKET + len(flooded.impossible["rejected"]), last
+
+    def test_never_completing_groups_are_dropped_counted_and_bounded(self, flooded: FloodedRun) -> None:
+        last = flooded.last_record()
+        assert last["samples/dropped_incomplete_group"] >= len(flooded.impossible["never_complete"]) - 32, (
+            last
+        )
+        sent = [
+            json.loads(line) for line in (flooded.run_dir / "preprocessor.jsonl").read_text().splitlines()
+        ]
+        assert max(r["queue/rollouts"] for r in sent) <= 64, "incomplete groups were bounded"
+
+    def test_an_oversized_part_drops_its_connection_and_is_counted(self, flooded: FloodedRun) -> None:
+        last = flooded.last_record()
+        assert last["preprocessor/peer_disconnects"] >= 1, last
+
+    def test_nothing_of_the_actor_is_lost_under_the_flood(self, flooded: FloodedRun) -> None:
+        last = flooded.last_record()
+        assert last["preprocessor/lost_from_actors"] == 0, "the actor's rollouts all arrived, in order"
+        final = json.loads((flooded.run_dir / "preprocessor.final.json").read_text())
+        # The count above can fail: the actor's streams were pinned (its rollouts were counted as its own).
+        assert final["preprocessor/received_from_actors"] >= FLOODED_STEPS * 16, final
+
+    def test_the_trainer_refuses_every_rollout_outside_the_vocabulary(self, flooded: FloodedRun) -> None:
+        assert flooded.result.records[-1]["trainer/rejected"] == len(flooded.impossible["outside_vocabulary"])
+
+    def test_the_preprocessor_memory_stays_bounded_under_the_flood(self, flooded: FloodedRun) -> None:
+        growth_mib = (max(flooded.rss) - flooded.rss[0]) / 2**20
+        assert growth_mib < 100, f"the preprocessor grew by {growth_mib:.0f} MiB"
+
+    def test_a_flooded_run_learns_from_the_actors_data_only(self, flooded: FloodedRun) -> None:
+        """No stranger's rollout trained, and the run's statistics are what its tokens say."""
+        from tests.integration.test_pipeline import check_records_against_token_data
+
+        result = flooded.result
+        trained = {rollout_id for record in result.records for rollout_id, _ in record["rollouts"]}
+        assert not any(rollout_id.startswith("stranger") for rollout_id in trained)
+        check_records_against_token_data(result)
+        last = flooded.last_record()
+        figures = {
+            "sent_damaged": FRAMES_PER_SOCKET,
+            "sent_impossible": sum(map(len, flooded.impossible.values())),
+            "sent_oversized": 5,
+            **{key: last[key] for key in last if key.startswith(("preprocessor/", "samples/dropped"))},
+            "trainer/rejected": result.records[-1]["trainer/rejected"],
+            "preprocessor_rss_mib": [flooded.rss[0] / 2**20, max(flooded.rss) / 2**20],
+        }
+        print("flood figures:", json.dumps(figures))
