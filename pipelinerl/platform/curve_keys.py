@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,12 +111,34 @@ def authenticate(context: zmq.Context[Any], keys: CurveKeys) -> None:
     _servers[context] = _servers.get(context, 0) + 1
     if context in _authenticators:
         return
-    from zmq.auth.thread import ThreadAuthenticator
-
-    authenticator = ThreadAuthenticator(context, log=logging.getLogger("pipelinerl.transport.zap"))
-    authenticator.start()
+    authenticator = _started_authenticator(context)
     authenticator.configure_curve(domain="*", location=str(keys.allowed_dir))
     _authenticators[context] = authenticator
+
+
+# How long a new ZAP thread waits for the socket of the context's previous one to be gone.
+ZAP_REBIND_S = 10.0
+
+
+def _started_authenticator(context: zmq.Context[Any]) -> Any:
+    """A started ZAP thread on ``context``. ZeroMQ closes a socket in its I/O thread, after ``close()``
+    returns: a server opened right after the context's last one closed (``release_authentication``)
+    can find the ZAP endpoint still bound, and then waits for the close to finish (a benchmark's
+    peer does this between two measurements)."""
+    import zmq
+    from zmq.auth.thread import ThreadAuthenticator
+
+    deadline = time.monotonic() + ZAP_REBIND_S
+    while True:
+        authenticator = ThreadAuthenticator(context, log=logging.getLogger("pipelinerl.transport.zap"))
+        try:
+            authenticator.start()
+            return authenticator
+        except zmq.ZMQError as error:
+            authenticator.stop()  # closes the socket whose bind failed
+            if error.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
 
 
 def release_authentication(context: zmq.Context[Any]) -> None:
