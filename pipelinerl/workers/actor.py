@@ -56,8 +56,8 @@ Shared between main and weights:
   round's weights; the weights thread notifies it after every update, and ``stop`` (``StopFlag``)
   on setting, so a stop wakes the waiter.
 * ``stop``: set by either thread (a ``Shutdown`` notice, a failed weights thread, the end of ``run``).
-* ``pause_seconds``, ``_last_report`` and the ``actor<k>.jsonl`` writer: written by ``loaded`` and
-  ``report``, on the thread that loads (one per mode); ``pause_seconds`` is read by the main thread
+* ``pauses_s``, ``_last_report`` and the ``actor<k>.jsonl`` writer: written by ``loaded`` and
+  ``report``, on the thread that loads (one per mode); ``pauses_s`` is read by the main thread
   for its closing log line, after it has stopped the weights thread and joined it (5 s at most).
 * ``tokens_generated``, ``idle_s`` and ``idle_started``: written by the main thread and read by
   ``report`` without a lock (on the weights thread, except in async mode). The values are
@@ -246,7 +246,7 @@ class Actor:
         self.staged = StagedWeights()
         self.weights_ready = threading.Condition()
         self.stop = StopFlag(self.weights_ready)
-        self.pause_seconds: list[float] = []
+        self.pauses_s: list[float] = []
         self.tokens_generated = 0
         self.idle_s = 0.0  # finished idle periods; one may be under way (idle_started)
         self.idle_started: float | None = None
@@ -395,7 +395,7 @@ class Actor:
             self.weights_ready.notify_all()
 
     def loaded(self, pause: float) -> None:
-        self.pause_seconds.append(pause)
+        self.pauses_s.append(pause)
         self.report(pause)
         logger.info(
             "weights v%d loaded in flight (pause %.1f ms, %d in flight)",
@@ -578,12 +578,12 @@ class Actor:
             self.rollouts.close()
             self.notices.close()
             self.metrics.close()
-            pauses = np.array(self.pause_seconds or [0.0]) * 1000
+            pauses = np.array(self.pauses_s or [0.0]) * 1000
             logger.info(
                 "actor %d: %d tokens, %d updates, pause median %.1f ms p99 %.1f ms",
                 self.actor_id,
                 self.tokens_generated,
-                len(self.pause_seconds),
+                len(self.pauses_s),
                 float(np.median(pauses)),
                 float(np.percentile(pauses, 99)),
             )
