@@ -84,6 +84,7 @@ import numpy as np
 from pipelinerl.platform.checkpoint import read_trained, starting_version, train_group_id
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.jsonl import JsonlWriter
+from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
 from pipelinerl.tasks.base import Problem
 from pipelinerl.workers.admission import (
@@ -413,8 +414,6 @@ class Actor:
         then, tokens_then, idle_then = self._last_report
         self._last_report = (now, tokens, idle)
         elapsed = max(now - then, 1e-9)
-        from pipelinerl.platform.tracking import metric_registry as registry
-
         self.metrics.write(
             {
                 registry.ACTOR_ID: self.actor_id,

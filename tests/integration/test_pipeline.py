@@ -32,11 +32,12 @@ import numpy as np
 import pytest
 import zmq
 
-from pipelinerl.launch.launcher import RunResult, launch
+from pipelinerl.launch.launcher import launch
 from pipelinerl.platform.config import PipelineConfig, load_config
 from pipelinerl.platform.tracking import metric_registry as metric
 from tests.conftest import non_loopback_ipv4, wait_until, worker_port
 from tests.integration.test_behaviour_mismatch import check_behaviour_mismatch
+from tests.runs import Run
 from tests.stranger import GARBAGE, Delivery, send_as_stranger
 
 pytestmark = pytest.mark.slow
@@ -86,15 +87,6 @@ def check_records_against_token_data(result, ranks: int = 1) -> None:
         expected = recompute_step(npz)
         for key, value in expected.items():
             assert record[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (key, record["policy_version"])
-
-
-@dataclass
-class Run:
-    config: PipelineConfig
-    result: RunResult
-
-    def jsonl(self, name: str) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in (self.result.run_dir / name).read_text().splitlines()]
 
 
 def launch_once(tmp_path_factory: pytest.TempPathFactory, name: str, model_dir: Path, *overrides: str) -> Run:

@@ -16,16 +16,15 @@ generator's run is the bfloat16 run with two eval sets.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from pipelinerl.launch.launcher import RunResult, launch
-from pipelinerl.platform.config import ConfigError, PipelineConfig, load_config
+from pipelinerl.launch.launcher import launch
+from pipelinerl.platform.config import ConfigError, load_config
 from pipelinerl.platform.tracking import metric_registry as metric
 from tests.conftest import worker_port
+from tests.runs import Run
 
 pytestmark = pytest.mark.slow
 
@@ -60,15 +59,6 @@ def scored_labels(run_dir: Path) -> dict[str, int]:
         if parts is not None:
             labels[parts["label"]] = value
     return labels
-
-
-@dataclass
-class Run:
-    config: PipelineConfig
-    result: RunResult
-
-    def jsonl(self, name: str) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in (self.result.run_dir / name).read_text().splitlines()]
 
 
 def launch_once(tmp_path: Path, model_dir: Path, run_id: str, *overrides: str) -> Run:
