@@ -118,7 +118,7 @@ class WeightGroupSender:
             raise RuntimeError(f"the engine's workers did not join the weight group: {self._error!r}")
 
     def __call__(self, engine: Engine, staged: StagedWeights) -> UpdateTiming:
-        from pipelinerl.platform.weights import dtype_name
+        from pipelinerl.platform.dtypes import dtype_name
 
         tensors = staged.tensors
         meta = (list(staged.names), [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors])

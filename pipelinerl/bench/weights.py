@@ -65,7 +65,8 @@ def _member(port: int, rank: int, world: int, shapes: list, dtypes: list, repeat
     """A member process: a model-sized destination, then ``repeats`` updates copied into it."""
     import torch
 
-    from pipelinerl.platform.weights import DTYPES, WeightGroup
+    from pipelinerl.platform.dtypes import DTYPES
+    from pipelinerl.platform.weights import WeightGroup
 
     torch.set_num_threads(1)
     destination = [
@@ -84,8 +85,9 @@ def measure_bucket_size(
     settings: WeightsBenchSettings, tensors: list[Any], bucket_bytes: int, port: int
 ) -> dict[str, Any]:
     """Time ``settings.repeats`` updates through a group whose buckets are at most ``bucket_bytes``."""
+    from pipelinerl.platform.dtypes import dtype_name
     from pipelinerl.platform.weight_buckets import plan_buckets
-    from pipelinerl.platform.weights import WeightGroup, dtype_name
+    from pipelinerl.platform.weights import WeightGroup
 
     shapes = [list(t.shape) for t in tensors]
     dtypes = [dtype_name(t) for t in tensors]

@@ -156,7 +156,7 @@ def held_out_success(config: PipelineConfig, model_path: Path) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipelinerl.launch.warmstart import evaluate_success
-    from pipelinerl.platform.weights import policy_dtype
+    from pipelinerl.platform.dtypes import policy_dtype
     from pipelinerl.tasks import build_task
     from pipelinerl.tasks.prompting import eos_token_ids, prompt_format
 

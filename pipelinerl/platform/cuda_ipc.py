@@ -15,8 +15,9 @@ from typing import Any
 
 import msgspec
 import torch
+from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
-from pipelinerl.platform.weights import DTYPES
+from pipelinerl.platform.dtypes import DTYPES
 
 
 class CudaHandle(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -91,8 +92,6 @@ class CudaHandle(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 def export(tensor: torch.Tensor) -> bytes:
     """A handle to ``tensor``'s CUDA memory for another process on the same GPU (CUDA only). The
     tensor must stay alive, unchanged, until that process has copied it."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
     if not tensor.is_cuda:
         raise ValueError(f"CUDA IPC shares CUDA memory; this tensor is on {tensor.device}")
     _, args = reduce_tensor(tensor)
@@ -101,6 +100,4 @@ def export(tensor: torch.Tensor) -> bytes:
 
 def open_exported(payload: bytes) -> torch.Tensor:
     """The tensor another process exported (CUDA only): a view of its memory, valid until it frees it."""
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
     return rebuild_cuda_tensor(*CudaHandle.decode(payload).to_rebuild_args())

@@ -29,11 +29,12 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
+from pipelinerl.platform.cuda_ipc import export, open_exported
+from pipelinerl.platform.dtypes import DTYPES, dtype_name
 from pipelinerl.platform.stores import gloo_device, host_store
 from pipelinerl.platform.weight_buckets import plan_buckets
 
 TRAINER_RANK = 0
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 Backend = Literal["gloo", "nccl", "ipc"]
 BACKENDS: tuple[Backend, ...] = ("gloo", "nccl", "ipc")
 MIB = 1 << 20
@@ -202,8 +203,6 @@ class WeightGroup:
 
     def _hand_over(self, number: int, flat: torch.Tensor) -> None:
         """ipc, rank 0: publish the bucket's CUDA handle, wait until every member has copied it."""
-        from pipelinerl.platform.cuda_ipc import export
-
         torch.cuda.current_stream(flat.device).synchronize()  # the bucket is written before it is shared
         key = f"ipc/{self._updates}/{number}"
         self._store.set(key, export(flat))  # type: ignore[arg-type]  # bytes pass as std::string
@@ -212,8 +211,6 @@ class WeightGroup:
 
     def _take_over(self, number: int) -> torch.Tensor:
         """ipc, a member: open rank 0's bucket, copy it to memory of our own, then release rank 0."""
-        from pipelinerl.platform.cuda_ipc import open_exported
-
         shared = open_exported(self._store.get(f"ipc/{self._updates}/{number}"))
         flat = shared.clone()
         torch.cuda.current_stream(flat.device).synchronize()
@@ -269,23 +266,3 @@ def weight_update_problem(
         if list(shape) != list(saved_shapes[name]):
             return f"parameter {name!r} comes with shape {list(shape)}; the model's is {saved_shapes[name]}"
     return None
-
-
-def policy_dtype_name(setting: str, cuda: bool | None = None) -> str:
-    """``model.dtype`` resolved for a stage: ``auto`` is bfloat16 where the stage has a CUDA GPU
-    (``cuda``; default: whether this process sees one) and float32 on CPU, where bf16 is slower."""
-    if setting == "auto":
-        on_gpu = torch.cuda.is_available() if cuda is None else cuda
-        return "bfloat16" if on_gpu else "float32"
-    if setting not in ("float32", "bfloat16"):
-        raise ValueError(f"model.dtype {setting!r} is not one of auto, float32, bfloat16")
-    return setting
-
-
-def policy_dtype(setting: str, cuda: bool | None = None) -> torch.dtype:
-    """``policy_dtype_name`` as a torch dtype."""
-    return DTYPES[policy_dtype_name(setting, cuda)]
-
-
-def dtype_name(tensor: torch.Tensor) -> str:
-    return str(tensor.dtype).removeprefix("torch.")

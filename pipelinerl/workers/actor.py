@@ -220,7 +220,8 @@ class Actor:
                 config.actor_first_weight_rank(actor_id),
                 config.weight_group_size(),
             )
-        from pipelinerl.platform.weights import policy_dtype_name, saved_tensor_shapes
+        from pipelinerl.platform.dtypes import policy_dtype_name
+        from pipelinerl.platform.weights import saved_tensor_shapes
 
         # What a weight update may hold: this model's tensors (each notice is checked against them).
         self.saved_shapes = saved_tensor_shapes(model_path)
@@ -260,7 +261,7 @@ class Actor:
         from pipelinerl.workers.engines.transformers_engine import TransformersEngine
 
         actor = self.config.actor
-        from pipelinerl.platform.weights import policy_dtype
+        from pipelinerl.platform.dtypes import policy_dtype
 
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=policy_dtype(self.config.model.dtype))
         if self.config.model.lm_head_fp32:
@@ -288,7 +289,7 @@ class Actor:
                 f"actor.engine='vllm' needs vLLM in the actor's interpreter ({error}); build .venv-vllm "
                 "with `make vllm-env` and set actor.python=.venv-vllm/bin/python"
             ) from error
-        from pipelinerl.platform.weights import policy_dtype_name
+        from pipelinerl.platform.dtypes import policy_dtype_name
 
         actor, transport = self.config.actor, self.config.transport
         return VLLMEngine(

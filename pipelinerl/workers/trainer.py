@@ -163,7 +163,7 @@ class Trainer:
         self.model_path = model_path
         self.torch = torch
         torch.manual_seed(config.run.seed)
-        from pipelinerl.platform.weights import policy_dtype
+        from pipelinerl.platform.dtypes import policy_dtype
 
         dtype = policy_dtype(config.model.dtype)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
@@ -497,7 +497,7 @@ class Trainer:
 
         Every rank enters the ZeRO-3 gather (a collective); only rank 0 talks to the actors.
         """
-        from pipelinerl.platform.weights import dtype_name
+        from pipelinerl.platform.dtypes import dtype_name
 
         named = self._parameters()
         params = [param for _, param in named]

@@ -316,8 +316,9 @@ def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random
     from pipelinerl.launch.launcher import preflight
     from pipelinerl.launch.stages import build_stages, stop_stages
     from pipelinerl.platform.curve_keys import create_curve_keys, run_keys
+    from pipelinerl.platform.dtypes import dtype_name
     from pipelinerl.platform.transport import Receiver, Sender
-    from pipelinerl.platform.weights import WeightGroup, dtype_name
+    from pipelinerl.platform.weights import WeightGroup
     from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
 
     config = small_config(tmp_path, random_model_dir, "run.mode=pipeline")

@@ -31,7 +31,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pipelinerl.platform.weights import WeightGroup, dtype_name
+from pipelinerl.platform.dtypes import dtype_name
+from pipelinerl.platform.weights import WeightGroup
 from pipelinerl.workers.engines.protocol import iter_named_parameters
 from tests.conftest import build_random_model_dir, free_port
 

@@ -135,7 +135,7 @@ def test_tensor_parallelism_needs_the_vllm_engine():
 def test_model_dtype_auto_is_bfloat16_on_a_gpu_and_float32_on_cpu():
     import torch
 
-    from pipelinerl.platform.weights import policy_dtype, policy_dtype_name
+    from pipelinerl.platform.dtypes import policy_dtype, policy_dtype_name
     from pipelinerl.workers.trainer import deepspeed_config
 
     assert policy_dtype_name("auto", cuda=True) == "bfloat16"
