@@ -8,6 +8,7 @@ them loads.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
@@ -49,8 +50,6 @@ def _track_in_stack(config):  # type: ignore[no-untyped-def]
     MLflow server: its experiments keep their artifacts behind the server, where a run writing to the
     same SQLite store directly could not put them. A stack whose MLflow server does not answer is an
     error naming it, not minutes of retries."""
-    import os
-
     from pipelinerl.flows.stack import mlflow_healthy, read_state, state_path
     from pipelinerl.platform.config import with_overrides
 

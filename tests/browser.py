@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
 
 
 @contextmanager
@@ -20,8 +22,6 @@ def headless_chromium(window: str = "1400,2300") -> Iterator[Any]:
             "(sudo apt-get install -y chromium chromium-driver)"
         )
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the dev extra")
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
 
     options = Options()
     options.binary_location = chromium

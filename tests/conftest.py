@@ -4,20 +4,35 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
 import pytest
+import torch
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from pipelinerl.launch.launcher import resolve_model
+from pipelinerl.platform.config import load_config
+from pipelinerl.tasks.tokenizer import build_tokenizer
+from tests.models import build_family_model_dir
 
 # Fixtures that live in their own modules, for every test.
 pytest_plugins = ["tests.side_effects"]
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+_TOOL_HOME = pytest.StashKey[Path]()
 
 # The real PostgreSQL server the database tests use (``.ci/run`` makes sure it is up).
 POSTGRES_URL = os.environ.get("PIPELINERL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -71,7 +86,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
-    import torch
 
     if torch.cuda.is_available():
         return
@@ -89,11 +103,6 @@ def free_port() -> int:
 
 def build_random_model_dir(path: Path, seed: int = 0, hidden_size: int = 64) -> Path:
     """A small random Qwen2 model with the task tokenizer, saved as a Hugging Face directory."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from pipelinerl.tasks.tokenizer import build_tokenizer
-
     tokenizer = build_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -120,15 +129,27 @@ def random_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_random_model_dir(tmp_path_factory.mktemp("random-model"))
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _isolated_homes(tmp_path_factory: pytest.TempPathFactory) -> None:
-    home = tmp_path_factory.mktemp("tool-home")
+def pytest_configure(config: pytest.Config) -> None:
+    """Isolated tool homes, set before any test module is imported: Prefect reads ``PREFECT_HOME``
+    once, when it is imported, so a fixture would come too late for a module importing it at its top.
+    One home per process that runs tests (each xdist worker its own, not the controller, whose
+    environment the workers inherit), removed when the session ends."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return  # the xdist controller: it runs no test
+    home = Path(tempfile.mkdtemp(prefix="pipelinerl-test-home-"))
+    config.stash[_TOOL_HOME] = home
     os.environ.setdefault("PREFECT_HOME", str(home / "prefect"))
     # Runs that do not name their own stores track into this session's, not the user's home.
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'mlflow.db'}")
     os.environ.setdefault("PIPELINERL_DATABASE_URL", f"sqlite:///{home / 'platform.db'}")
     # The DeepSpeed CPU communication op compiles once (about a minute); keep it across test runs.
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    home = config.stash.get(_TOOL_HOME, None)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -138,19 +159,12 @@ def warm_model_dir() -> Path:
     It shares the platform home's cache with ``make run`` (the cache key covers every setting and
     the code version), so the supervised phase runs at most once per machine.
     """
-    from pipelinerl.launch.launcher import resolve_model
-    from pipelinerl.platform.config import load_config
-
     return resolve_model(load_config())
 
 
 @contextlib.contextmanager
 def fresh_postgres_database() -> Iterator[str]:
     """A new database on the PostgreSQL server, dropped afterwards (skips if unreachable)."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import OperationalError
-
     admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5})
     shown = make_url(POSTGRES_URL).render_as_string(hide_password=True)
     try:
@@ -186,10 +200,6 @@ def second_postgres_url() -> Iterator[str]:
 
 def non_loopback_ipv4() -> str | None:
     """This machine's first IPv4 address that is not loopback (None if it has none)."""
-    import socket
-
-    import psutil
-
     for addresses in psutil.net_if_addrs().values():
         for address in addresses:
             if address.family == socket.AF_INET and not address.address.startswith("127."):
@@ -200,14 +210,10 @@ def non_loopback_ipv4() -> str | None:
 @pytest.fixture(scope="session")
 def qwen_style_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random Qwen2 model with a Qwen-style tokenizer (no BOS, chat template, EOS list): models.py."""
-    from tests.models import build_family_model_dir
-
     return build_family_model_dir(tmp_path_factory.mktemp("qwen-style") / "model", "qwen_style")
 
 
 @pytest.fixture(scope="session")
 def llama_style_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random Llama model with a Llama-3-style tokenizer (BOS, no pad, EOS list); see tests/models.py."""
-    from tests.models import build_family_model_dir
-
     return build_family_model_dir(tmp_path_factory.mktemp("llama-style") / "model", "llama_style")

@@ -16,6 +16,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
 QWEN_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -52,9 +56,7 @@ def _corpus() -> list[str]:
     return lines * 3
 
 
-def _byte_level_bpe(special_tokens: list[str], vocab_size: int = 600):  # -> tokenizers.Tokenizer
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
+def _byte_level_bpe(special_tokens: list[str], vocab_size: int = 600) -> Tokenizer:
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -68,9 +70,7 @@ def _byte_level_bpe(special_tokens: list[str], vocab_size: int = 600):  # -> tok
     return backend
 
 
-def qwen_style_tokenizer():  # -> PreTrainedTokenizerFast
-    from transformers import PreTrainedTokenizerFast
-
+def qwen_style_tokenizer() -> PreTrainedTokenizerFast:
     backend = _byte_level_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
@@ -81,10 +81,7 @@ def qwen_style_tokenizer():  # -> PreTrainedTokenizerFast
     )
 
 
-def llama_style_tokenizer():  # -> PreTrainedTokenizerFast
-    from tokenizers import processors
-    from transformers import PreTrainedTokenizerFast
-
+def llama_style_tokenizer() -> PreTrainedTokenizerFast:
     specials = [
         "<|begin_of_text|>",
         "<|end_of_text|>",
@@ -110,9 +107,6 @@ def llama_style_tokenizer():  # -> PreTrainedTokenizerFast
 
 def build_family_model_dir(path: Path, family: str, seed: int = 0, hidden_size: int = 64) -> Path:
     """A random model of ``family`` ("qwen_style" or "llama_style") with its tokenizer, saved at ``path``."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
     sizes = dict(
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,

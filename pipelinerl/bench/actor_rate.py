@@ -8,6 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+from transformers import AutoTokenizer
+from transformers.utils import logging as transformers_logging
+
+from pipelinerl.bench.engine_factories import ENGINES
+from pipelinerl.bench.engine_measure import run_continuous
+from pipelinerl.bench.engine_workload import EngineBenchSettings, build_workload
 from pipelinerl.platform.tracking import metric_registry as registry
 
 if TYPE_CHECKING:
@@ -96,14 +103,6 @@ def actor_rate_from_engine_json(path: Path) -> ActorRate:
 
 def measure_actor_rate(model_path: Path, threads: int, quick: bool, progress: Progress | None) -> ActorRate:
     """A short continuous-batching run of the transformers engine at the actor's defaults."""
-    import torch
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as transformers_logging
-
-    from pipelinerl.bench.engine_factories import ENGINES
-    from pipelinerl.bench.engine_measure import run_continuous
-    from pipelinerl.bench.engine_workload import EngineBenchSettings, build_workload
-
     transformers_logging.disable_progress_bar()
     torch.set_num_threads(threads)
     settings = EngineBenchSettings.quick() if quick else EngineBenchSettings(num_prompts=32)

@@ -10,6 +10,9 @@ Heavy libraries load inside the commands, so ``pipelinerl bench --help`` answers
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -53,8 +56,6 @@ def shipped_task_config(task: str) -> Path:
 
 def _run_in_vllm_env(arguments: list[str]) -> int:
     """``pipelinerl <arguments>`` with the vLLM environment's interpreter; its exit code."""
-    import subprocess
-
     from pipelinerl.launch.stages import vllm_python
 
     python = vllm_python()
@@ -125,8 +126,6 @@ def engine(
         raise fail(f"--engine given twice for the same engine: {' '.join(names)}")
     # engine.json is the reference record (transformers first); other selections get their own name.
     out = out or default_path("engine" if names[0] == "transformers" else "engine-" + "-".join(names))
-    import importlib.util
-
     if "vllm" in names and importlib.util.find_spec("vllm") is None:
         # vLLM lives in its own environment (DESIGN.md, "Environments"): run this command there.
         options: dict[str, Any] = {
@@ -172,8 +171,6 @@ def engine(
     path = model_path_or_default(model_path)
     with progress_display() as progress:
         result = summarize(run_engine_bench(path, settings, progress))
-    from dataclasses import asdict
-
     finish(
         "engine",
         result,
@@ -239,8 +236,6 @@ def transport(
         except (FileNotFoundError, ValueError, KeyError) as error:
             raise fail(str(error)) from None
         result = run_transport_bench(settings, actor_rate, progress)
-    from dataclasses import asdict
-
     finish(
         "transport",
         result,

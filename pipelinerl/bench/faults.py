@@ -50,10 +50,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
 from pipelinerl.bench.fault_frames import damaged_frames, impossible_rollouts, numbered
 from pipelinerl.launch.launcher import RunResult, launch
 from pipelinerl.platform.config import PipelineConfig, with_overrides
+from pipelinerl.platform.curve_keys import present_client_keys, run_keys
 from pipelinerl.platform.tracking import metric_registry as registry
+from pipelinerl.tasks import build_task
 
 IMPOSSIBLE_EVERY_S = 5.0
 FLOOD_UNTIL = 0.75  # of the run's steps
@@ -155,12 +161,6 @@ def _wait_for_first_batch(run_dir: Path, runner: threading.Thread) -> bool:
 
 
 def _flood(config: PipelineConfig, run_dir: Path, rate: int, runner: threading.Thread, flood: Flood) -> None:
-    import psutil
-    import zmq
-
-    from pipelinerl.platform.curve_keys import present_client_keys, run_keys
-    from pipelinerl.tasks import build_task
-
     # Everything that takes time before the first batch: from it on, the run may have a few steps left.
     problems = build_task(config.task).problems("train", config.task.train_problems, config.run.seed)
     problem_ids = [problem.problem_id for problem in problems]
@@ -216,8 +216,6 @@ def _send_impossible(stranger: Any, run_id: str, problem_ids: list[str], seq: in
     """One set of ``impossible_rollouts`` on the stranger's stream, its out-of-vocabulary groups first
     (the ones the preprocessor batches: first in line, they are read before the run's last batch); the
     stream's last number."""
-    import zmq
-
     sets = impossible_rollouts(run_id, problem_ids, first=10**7 * seq)
     for kind in sorted(sets, key=lambda kind: kind != "outside_vocabulary"):
         for rollout in sets[kind]:
@@ -231,9 +229,6 @@ def _send_impossible(stranger: Any, run_id: str, problem_ids: list[str], seq: in
 
 def _keyless_handshake(context: Any, address: str) -> str:
     """Connect a PUSH without the run's keys to ``address``; how its handshake ended, from its monitor."""
-    import zmq
-    from zmq.utils.monitor import recv_monitor_message
-
     failed = (
         zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
         | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -265,8 +260,6 @@ def _steps_trained(run_dir: Path) -> int:
 
 
 def _stage_process(run_dir: Path, module: str) -> Any:
-    import psutil
-
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info["cmdline"] or []
         if module in cmdline and str(run_dir) in " ".join(cmdline):

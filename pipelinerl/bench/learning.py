@@ -40,9 +40,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pipelinerl.launch.launcher import held_out_success, launch, resolve_model
+from pipelinerl.platform.checkpoint import read_info
 from pipelinerl.platform.config import PipelineConfig, with_overrides
 from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.tracking.comparison import trained_at_each
+from pipelinerl.platform.tracking.figures import early_late_lag, learning_overlay, paper_figures
 from pipelinerl.platform.tracking.parent_run import parent_run
 from pipelinerl.platform.tracking.ratios import (
     pipeline_times_faster,
@@ -161,9 +164,6 @@ def _actor_idle_fraction(run_dir: Path) -> float | None:
 
 def evaluate_checkpoints(config: PipelineConfig, run_dir: Path) -> dict[int, float]:
     """Held-out success of every checkpoint the run wrote and of its final policy, by version."""
-    from pipelinerl.launch.launcher import held_out_success
-    from pipelinerl.platform.checkpoint import read_info
-
     directories = sorted((run_dir / "checkpoints").glob("v*")) + [run_dir / "final"]
     found: dict[int, float] = {}
     for directory in directories:
@@ -235,8 +235,6 @@ def claim_numbers(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     and the last quarter of token positions, the fraction of sequences written by two or more policy
     versions, ESS mean and minimum over steps, and the largest token lag (records written before the
     metric renames are read under the new names)."""
-    from pipelinerl.platform.tracking.figures import early_late_lag
-
     records = [registry.canonical_record(r, "trainer") for r in records]
     lag_early, lag_late = early_late_lag(records)
     samples = sum(int(r[registry.TRAINER_SAMPLES]) for r in records)
@@ -264,8 +262,6 @@ def run_learning_bench(
 ) -> dict[str, Any]:
     """Run every variant for every seed, evaluate their checkpoints, and compare them; the paper's
     figure set goes to ``paper_figure`` (PNG) when given."""
-    from pipelinerl.launch.launcher import launch, resolve_model
-
     status = on_status or (lambda text: None)
     actor_cpus, trainer_cpus = split_cores(os.sched_getaffinity(0)) if pin else ([], [])
     common = {
@@ -314,8 +310,6 @@ def run_learning_bench(
             save_paper_figures(paper, paper_figure, seeds[0])
             report["details"]["paper_figure"] = str(paper_figure)
         if parent is not None:
-            from pipelinerl.platform.tracking.figures import learning_overlay, paper_figures
-
             parent.log_figure(
                 learning_overlay(curves_by_label(results), report["headline"]["target_success"]),
                 "figures/learning.png",
@@ -389,8 +383,6 @@ def redraw_paper_figures(run_dirs: Sequence[Path], path: Path) -> dict[str, dict
 
 
 def save_paper_figures(runs: dict[str, list[dict[str, Any]]], path: Path, seed: int | None) -> Path:
-    from pipelinerl.platform.tracking.figures import paper_figures
-
     title = "The paper's figures on this machine" + (f" (seed {seed})" if seed is not None else "")
     figure = paper_figures(runs, title=title)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -400,8 +392,6 @@ def save_paper_figures(runs: dict[str, list[dict[str, Any]]], path: Path, seed: 
 
 def save_overlay(record: dict[str, Any], path: Path) -> Path:
     """The overlay figure of a ``learning.json`` record, as a PNG beside it (``docs/benchmarks/``)."""
-    from pipelinerl.platform.tracking.figures import learning_overlay
-
     curves: dict[str, list[list[Point]]] = {}
     for run in record["runs"]:
         curves.setdefault(run["label"], []).append([tuple(point) for point in run["points"]])  # type: ignore[misc]

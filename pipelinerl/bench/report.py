@@ -22,6 +22,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 DEFAULT_DIRECTORY = Path("docs/benchmarks")
 SCHEMA_VERSION = 1
 # Libraries whose versions decide the numbers (absent ones are reported as absent, not imported).
@@ -67,8 +69,6 @@ def _package_versions() -> dict[str, str | None]:
 
 def machine_description() -> dict[str, Any]:
     """The hardware and software a benchmark ran on."""
-    import psutil
-
     usable_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "hostname": platform.node(),

@@ -47,13 +47,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import zmq
 
-from pipelinerl.bench.actor_rate import ActorRate
+from pipelinerl.bench.report import markdown_table
+from pipelinerl.platform.curve_keys import (
+    create_curve_keys,
+    present_client_keys,
+    run_keys,
+    serve_with_keys,
+    stop_authentication,
+)
+from pipelinerl.platform.transport import Receiver, Sender
 from pipelinerl.platform.wire import Rollout, encode
+from pipelinerl.tasks import get_task
+from pipelinerl.tasks.base import reference_completion
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+    from pipelinerl.bench.actor_rate import ActorRate
     from pipelinerl.platform.curve_keys import CurveKeys
 
 LONG_VOCAB = 150_000  # token ids of long rollouts span a Qwen-sized vocabulary
@@ -153,9 +165,7 @@ def build_rollouts(shape: RolloutShape, count: int, seed: int) -> list[Rollout]:
 
 
 def _embedded_sequences(count: int, seed: int) -> list[tuple[list[int], list[int], str]]:
-    from pipelinerl.tasks import get_task
-    from pipelinerl.tasks.base import reference_completion
-    from pipelinerl.tasks.tokenizer import build_tokenizer, encode_completion, encode_prompt
+    from pipelinerl.tasks.tokenizer import build_tokenizer, encode_completion, encode_prompt  # noqa: PLC0415 (transformers: the spawned peer imports this module)
 
     task = get_task("arithmetic")
     tokenizer = build_tokenizer()
@@ -192,15 +202,9 @@ class _Ends:
         self.context, self.path, self.high_water_mark = context, path, high_water_mark
         self.keys: CurveKeys | None = None
         if keys_dir is not None:
-            from pipelinerl.platform.curve_keys import run_keys
-
             self.keys = run_keys(Path(keys_dir))
 
     def bind_pull(self) -> tuple[Any, str, Callable[[], Any]]:
-        import zmq
-
-        from pipelinerl.platform.transport import Receiver
-
         if self.path == "platform":
             receiver = Receiver(
                 self.context,
@@ -220,8 +224,6 @@ class _Ends:
             return receiver, receiver.address, receive
         socket = self._raw_socket(zmq.PULL)
         if self.keys is not None:
-            from pipelinerl.platform.curve_keys import serve_with_keys
-
             serve_with_keys(socket, self.keys)
         socket.bind("tcp://127.0.0.1:*")
 
@@ -233,10 +235,6 @@ class _Ends:
         return socket, socket.getsockopt_string(zmq.LAST_ENDPOINT), receive_raw
 
     def connect_push(self, address: str) -> tuple[Any, Callable[[Any], None]]:
-        import zmq
-
-        from pipelinerl.platform.transport import Sender
-
         if self.path == "platform":
             sender = Sender(
                 self.context,
@@ -256,15 +254,11 @@ class _Ends:
             return sender, send
         socket = self._raw_socket(zmq.PUSH)
         if self.keys is not None:
-            from pipelinerl.platform.curve_keys import present_client_keys
-
             present_client_keys(socket, self.keys)
         socket.connect(address)
         return socket, lambda frames: socket.send_multipart(frames)
 
     def _raw_socket(self, socket_type: int) -> Any:
-        import zmq
-
         socket = self.context.socket(socket_type)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, self.high_water_mark)
@@ -285,10 +279,6 @@ def _peer_main(control: Connection) -> None:
     bind, connect back to the address the parent sends, send every one of ``n`` messages back.
     ``keys_dir``: the run directory of the CurveZMQ keys both ends use, or None (plain TCP).
     """
-    import zmq
-
-    from pipelinerl.platform.curve_keys import stop_authentication
-
     context = zmq.Context()
     try:
         while (command := control.recv()) is not None:
@@ -360,8 +350,6 @@ def measure_throughput(
     keys_dir: str | None = None,
 ) -> dict[str, float]:
     """Push ``count`` rollouts (cycling through ``rollouts``); rollouts/s and MB/s at the receiver."""
-    import zmq
-
     messages = _messages(path, rollouts)
     sizes = [message_bytes(encode(rollout)) for rollout in rollouts]
     total_bytes = sum(sizes[index % len(sizes)] for index in range(count))
@@ -403,8 +391,6 @@ def measure_latency(
     keys_dir: str | None = None,
 ) -> dict[str, float]:
     """Ping-pong ``count`` rollouts through the echoing peer; one-way latency = round trip / 2."""
-    import zmq
-
     messages = _messages(path, rollouts)
     context = zmq.Context()
     round_trips: list[float] = []
@@ -440,8 +426,6 @@ def measure_latency(
 
 
 def _destroy(context: Any) -> None:
-    from pipelinerl.platform.curve_keys import stop_authentication
-
     stop_authentication(context)  # the ZAP thread of a context that bound a CURVE server
     context.destroy(linger=0)
 
@@ -457,8 +441,6 @@ def run_transport_bench(
     keys_home = tempfile.TemporaryDirectory(prefix="bench-transport-keys-")
     keys_dir: str | None = None
     if settings.curve:  # a fresh pair for this benchmark, as the launcher writes one per run
-        from pipelinerl.platform.curve_keys import create_curve_keys
-
         keys_dir = str(create_curve_keys(Path(keys_home.name)).parent)
     peer = Peer()
     try:
@@ -549,8 +531,6 @@ def _advance(progress: Progress | None, task: Any) -> Callable[[int], None] | No
 
 
 def render_transport_table(record: dict[str, Any]) -> str:
-    from pipelinerl.bench.report import markdown_table
-
     rows = []
     for name, entry in record["shapes"].items():
         for path in ("platform", "raw"):

@@ -18,7 +18,13 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
+
+from pipelinerl.bench.report import markdown_table
+from pipelinerl.platform.dtypes import DTYPES, dtype_name
 from pipelinerl.platform.tracking.ratios import times_faster, times_faster_key
+from pipelinerl.platform.weight_buckets import plan_buckets
+from pipelinerl.platform.weights import WeightGroup
 
 MIB = 1 << 20
 
@@ -41,8 +47,7 @@ class WeightsBenchSettings:
 
 def build_tensors(settings: WeightsBenchSettings) -> list[tuple[str, Any]]:
     """The named parameters of a Llama-shaped model with random weights, float32, on CPU."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: PLC0415 (transformers: the spawned members import this module)
 
     torch.manual_seed(settings.seed)
     config = LlamaConfig(
@@ -63,11 +68,6 @@ def _peak_rss_bytes() -> int:
 
 def _member(port: int, rank: int, world: int, shapes: list, dtypes: list, repeats: int, out: Any) -> None:
     """A member process: a model-sized destination, then ``repeats`` updates copied into it."""
-    import torch
-
-    from pipelinerl.platform.dtypes import DTYPES
-    from pipelinerl.platform.weights import WeightGroup
-
     torch.set_num_threads(1)
     destination = [
         torch.zeros(shape, dtype=DTYPES[dtype]) for shape, dtype in zip(shapes, dtypes, strict=True)
@@ -85,10 +85,6 @@ def measure_bucket_size(
     settings: WeightsBenchSettings, tensors: list[Any], bucket_bytes: int, port: int
 ) -> dict[str, Any]:
     """Time ``settings.repeats`` updates through a group whose buckets are at most ``bucket_bytes``."""
-    from pipelinerl.platform.dtypes import dtype_name
-    from pipelinerl.platform.weight_buckets import plan_buckets
-    from pipelinerl.platform.weights import WeightGroup
-
     shapes = [list(t.shape) for t in tensors]
     dtypes = [dtype_name(t) for t in tensors]
     world = 1 + settings.members
@@ -170,8 +166,6 @@ def _rounded(ratio: float | None) -> float | None:
 
 
 def render_weights_table(record: dict[str, Any]) -> str:
-    from pipelinerl.bench.report import markdown_table
-
     rows = [
         [
             "per tensor" if row["bucket_bytes"] == 1 else f"{row['bucket_bytes'] / MIB:g}",

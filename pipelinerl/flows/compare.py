@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
@@ -9,6 +10,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 from pydantic import Field
 
+from pipelinerl.launch.compare import run_comparison
 from pipelinerl.platform.config import Mode, PipelineConfig
 from pipelinerl.platform.tracking.ratios import TIMES_FASTER_MEANING
 
@@ -30,10 +32,6 @@ def compare(
             reached.
         window: Steps in the trailing mean of the train reward.
     """
-    from dataclasses import asdict
-
-    from pipelinerl.launch.compare import run_comparison
-
     logger = get_run_logger()
     result = run_comparison(
         config,

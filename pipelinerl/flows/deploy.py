@@ -18,6 +18,8 @@ deployments for ``prefect deploy --all``; ``DEPLOYMENTS`` here is the one list b
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
 import io
 import json
@@ -149,8 +151,6 @@ def deploy(
     ``{"rl-run/default": "<deployment id>", ...}``; a flow whose file is missing is skipped with a
     warning.
     """
-    import asyncio
-
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     url = resolve_api_url(api_url)
@@ -254,8 +254,6 @@ async def _deploy(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipelinerl.flows.deploy [--api-url URL] [--work-pool NAME] [--cron CRON]``."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m pipelinerl.flows.deploy", description=__doc__)
     parser.add_argument("--api-url", default=None)
     parser.add_argument("--work-pool", default=LAUNCH_POOL)

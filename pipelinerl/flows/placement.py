@@ -26,6 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID
 
+from prefect import get_client
+from prefect.deployments import run_deployment
+from prefect.states import Cancelling
+
+from pipelinerl.launch.launcher import local_placement
 from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, StageFailed
 from pipelinerl.platform.config import ROLES, PipelineConfig, Role
 
@@ -66,9 +71,6 @@ class PoolPlacement:
         self.peak_rss_bytes = 0  # the stages' memory is on the pools' machines
 
     def start(self, config: PipelineConfig, model_path: Path) -> None:
-        from prefect import get_client
-        from prefect.deployments import run_deployment
-
         self.start_timeout_s = config.cluster.start_timeout_s
         self.runs = []
         for role in ROLES:
@@ -111,8 +113,6 @@ class PoolPlacement:
         return set(template.get("variables", {}).get("properties", {}))
 
     def _states(self) -> list[tuple[RoleRun, Any]]:
-        from prefect import get_client
-
         with get_client(sync_client=True) as client:
             return [(run, client.read_flow_run(run.flow_run_id).state) for run in self.runs]
 
@@ -140,9 +140,6 @@ class PoolPlacement:
 
     def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Wait up to ``grace_s`` for the role flow runs to end, cancel the rest, wait for them."""
-        from prefect import get_client
-        from prefect.states import Cancelling
-
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and not self._all_final():
             time.sleep(1.0)
@@ -166,8 +163,6 @@ class PoolPlacement:
 
 def placement_for(config: PipelineConfig, log: Any = None) -> Any:
     """The launcher's placement factory for ``config.cluster.placement``."""
-    from pipelinerl.launch.launcher import local_placement
-
     if config.cluster.placement == "local":
         return local_placement
     return lambda config, run_dir: PoolPlacement(run_dir, log)

@@ -29,8 +29,11 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
+from pipelinerl.flows.placement import placement_for
+from pipelinerl.launch.launcher import launch, new_run_id
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.tracking import metric_registry as registry
+from pipelinerl.platform.tracking.mlflow_store import mlflow_run_url, mlflow_uri
 
 PROGRESS_EVERY = 10  # policy versions between two progress artifacts
 LOG_POLL_S = 1.0
@@ -164,8 +167,6 @@ class ProgressArtifacts:
 def mlflow_link_markdown(config: PipelineConfig, run_dir: Path, experiment_id: str | None = None) -> str:
     """The run's MLflow artifact: its run id and store and, on a server, a link to the run's training
     view (``experiment_id``: read from the store when not given)."""
-    from pipelinerl.platform.tracking.mlflow_store import mlflow_run_url, mlflow_uri
-
     uri = mlflow_uri(config)
     run_id_file = run_dir / "mlflow_run_id"
     mlflow_run_id = run_id_file.read_text() if run_id_file.exists() else None
@@ -195,7 +196,7 @@ class MlflowLinkArtifact:
 
 
 def _experiment_of(uri: str, mlflow_run_id: str) -> str | None:
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415 (MLflow: rl_role imports this module, never uses it)
 
     try:
         return str(MlflowClient(tracking_uri=uri).get_run(mlflow_run_id).info.experiment_id)
@@ -210,9 +211,6 @@ def rl_run(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa
     Args:
         config: The experiment, every section of the TOML config (`pipelinerl config show` prints it).
     """
-    from pipelinerl.flows.placement import placement_for
-    from pipelinerl.launch.launcher import launch, new_run_id
-
     logger = get_run_logger()
     run_id = new_run_id(config.run.mode)
     run_dir = (config.run.output_dir / run_id).resolve()

@@ -35,6 +35,8 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
+import psutil
+
 from pipelinerl.flows.deploy import LAUNCH_POOL, REPO_ROOT
 from pipelinerl.flows.stack_plan import (
     DEFAULT_MLFLOW_PORT,
@@ -94,8 +96,6 @@ def write_state(state: StackState) -> None:
 
 def is_alive(proc: StackProcess) -> bool:
     """The recorded process still runs (same pid and start time; a zombie counts as gone)."""
-    import psutil
-
     _reap(proc.pid)
     try:
         process = psutil.Process(proc.pid)
@@ -108,8 +108,6 @@ def is_alive(proc: StackProcess) -> bool:
 
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes in process group ``pgid``."""
-    import psutil
-
     members = []
     for process in psutil.process_iter(["pid", "status"]):
         try:
@@ -173,8 +171,6 @@ def worker_online(api_url: str, pool: str, name: str) -> bool:
 def start_process(
     name: str, role: Role, command: list[str], env: Mapping[str, str], log: Path, stop_signal: str
 ) -> StackProcess:
-    import psutil
-
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as handle:
         handle.write(f"\n=== {datetime.now(UTC).isoformat()} {' '.join(command)}\n".encode())
@@ -380,7 +376,7 @@ def up(
             # ("unable to open database file") until a first run created them. MLflow migrated its own
             # store in a process of its own (`mlflow db upgrade`), so this process's Alembic is free.
             status("creating the platform database")
-            from pipelinerl.platform.tracking.store import PlatformStore
+            from pipelinerl.platform.tracking.store import PlatformStore  # noqa: PLC0415 (SQLAlchemy: for `up` only; `pipelinerl run` imports this module)
 
             PlatformStore(env("dashboard")["PIPELINERL_DATABASE_URL"]).close()
             status("starting the dashboard")

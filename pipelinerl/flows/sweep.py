@@ -9,7 +9,8 @@ from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.launch.sweep import expand_grid, run_sweep
+from pipelinerl.platform.config import ConfigError, PipelineConfig
 
 
 @flow(name="sweep", log_prints=True)
@@ -29,9 +30,6 @@ def sweep(
             {"trainer.learning_rate": 0.0001}]. Give this or grid, not both.
         max_concurrency: Points that run at once (each gets its own block of ports).
     """
-    from pipelinerl.launch.sweep import expand_grid, run_sweep
-    from pipelinerl.platform.config import ConfigError
-
     if (grid is None) == (points is None):
         raise ConfigError("give exactly one of grid (values per setting) or points (a list of overrides)")
     overrides = expand_grid(grid) if grid is not None else list(points or [])

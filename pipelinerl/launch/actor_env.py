@@ -7,7 +7,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.launch.stages import actor_interpreter
+from pipelinerl.platform.config import ConfigError, PipelineConfig
 
 # The oldest vLLM the engine runs on: 0.26 has what it uses, pause_generation(mode="keep"),
 # collective_rpc into a worker extension and reload_weights; version stamps come from the workers'
@@ -35,9 +36,6 @@ def vllm_release(version: str) -> tuple[int, int] | None:
 def check_actor_interpreter(config: PipelineConfig) -> None:
     """The actor's Python exists here (the vllm engine lives in its own environment, DESIGN.md) and,
     for the vllm engine, has a vLLM release the engine supports."""
-    from pipelinerl.launch.stages import actor_interpreter
-    from pipelinerl.platform.config import ConfigError
-
     python = actor_interpreter(config)
     if not Path(python).is_file():
         if config.actor.python:

@@ -20,6 +20,7 @@ from typing import Any
 
 from pipelinerl.launch.launcher import RunResult, launch
 from pipelinerl.platform.config import MODES, ConfigError, PipelineConfig
+from pipelinerl.platform.tracking import figures
 from pipelinerl.platform.tracking.comparison import DEFAULT_WINDOW, ModeRow, compare_runs
 from pipelinerl.platform.tracking.parent_run import parent_run
 from pipelinerl.platform.tracking.ratios import times_faster_key
@@ -110,8 +111,6 @@ def log_comparison(
     parent: Any, results: dict[str, RunResult], target: float, rows: list[ModeRow], window: int
 ) -> None:
     """The overlay figure, the table and per-mode metrics on the parent run."""
-    from pipelinerl.platform.tracking import figures
-
     figure = figures.comparison(
         {label: r.records for label, r in results.items()}, title=f"Comparison {parent.run_id}", window=window
     )

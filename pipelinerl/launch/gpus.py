@@ -43,7 +43,7 @@ def visible_gpus(environ: Mapping[str, str] | None = None) -> list[str]:
 
 def torch_sees_cuda() -> bool:
     """Whether this environment's torch can use a GPU (a CPU build on a GPU node cannot)."""
-    import torch
+    import torch  # noqa: PLC0415 (torch: after preflight, not on the launcher's import)
 
     return bool(torch.cuda.is_available())
 

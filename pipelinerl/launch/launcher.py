@@ -16,6 +16,9 @@
    and handed to the progress view and the tracker, which writes them in batches from its own thread;
 5. after the trainer's last step: held-out success of the final policy, ``summary.json``, and the
    tracked run is closed as finished (or failed / killed).
+
+torch and transformers load inside the functions that use the model, after preflight (a busy port or
+a bad path is reported at once); the tracking backends (the platform extra) only for a tracked run.
 """
 
 from __future__ import annotations
@@ -34,13 +37,20 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipelinerl.launch.actor_env import check_actor_interpreter
+from pipelinerl.launch.run_paths import check_run_paths
 from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, LocalStages, RunStalled, StageFailed, StallWatch
+from pipelinerl.launch.summary import summarize
 from pipelinerl.platform.checkpoint import latest_checkpoint, starting_version
 from pipelinerl.platform.config import ConfigError, PipelineConfig, with_overrides
+from pipelinerl.platform.curve_keys import PRIVATE_DIR_MODE, create_curve_keys
 from pipelinerl.platform.jsonl import JsonlTail
 from pipelinerl.platform.restart_records import discard_after, read_restarts
 from pipelinerl.platform.tracking import metric_registry as registry
-from pipelinerl.platform.tracking.mlflow_store import CheckpointRecord
+from pipelinerl.platform.tracking.mlflow_store import CheckpointRecord, check_reachable, mlflow_uri
+from pipelinerl.platform.transport import check_bindable
+from pipelinerl.tasks import build_task
+from pipelinerl.tasks.base import reference_completion
+from pipelinerl.tasks.eval_sets import build_eval_sets
 
 POLL_S = 0.5
 # Positions of the embedded model warm-started on a task other than arithmetic (prompt + completion).
@@ -86,9 +96,6 @@ def new_run_id(mode: str) -> str:
 
 def preflight(config: PipelineConfig) -> None:
     """Fail before any process starts: bad run paths, ports in use, unreachable tracking stores."""
-    from pipelinerl.launch.run_paths import check_run_paths
-    from pipelinerl.platform.transport import check_bindable
-
     check_run_paths(config)  # first: the later checks read the checkpoint as the model directory
     if config.cluster.placement == "local":  # placed on the pools, the actors' nodes have their own
         check_actor_interpreter(config)  # interpreters, and the ports are on trainer node 0
@@ -96,8 +103,7 @@ def preflight(config: PipelineConfig) -> None:
         for address in config.transport.all_bound_addresses(config.trainer.num_processes):
             check_bindable(address, setting="transport.base_port")
     if config.tracking.enabled:  # an unreachable store fails now, not after the model is prepared
-        from pipelinerl.platform.tracking.db import database_url
-        from pipelinerl.platform.tracking.mlflow_store import check_reachable, mlflow_uri
+        from pipelinerl.platform.tracking.db import database_url  # noqa: PLC0415 (SQLAlchemy: only for a tracked run)
 
         check_reachable(mlflow_uri(config))
         check_reachable(database_url(config), "platform database")
@@ -107,8 +113,6 @@ def preflight(config: PipelineConfig) -> None:
 def make_private_run_dir(run_dir: Path) -> None:
     """Create ``run_dir`` (new) readable by the run's user only: its logs name the stages' streams and
     its ``keys/`` hold the run's secret keys (the stages' own files are private too: ``stages``)."""
-    from pipelinerl.platform.curve_keys import PRIVATE_DIR_MODE
-
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     run_dir.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=False)
     os.chmod(run_dir, PRIVATE_DIR_MODE)  # mkdir's mode passes through the umask; this does not
@@ -116,8 +120,6 @@ def make_private_run_dir(run_dir: Path) -> None:
 
 def check_cpus(config: PipelineConfig) -> None:
     """The cores actor and trainer are pinned to exist for this process."""
-    from pipelinerl.platform.config import ConfigError
-
     available = os.sched_getaffinity(0)
     for setting, cpus in (("actor.cpus", config.actor.cpus), ("trainer.cpus", config.trainer.cpus)):
         if missing := sorted(set(cpus) - available):
@@ -131,7 +133,7 @@ def resolve_model(config: PipelineConfig, console: Any = None) -> Path:
         return config.run.resume_from  # checked by preflight: a checkpoint is a model directory
     if config.model.path is not None:
         return config.model.path
-    from pipelinerl.launch.warmstart import ensure_warm_start
+    from pipelinerl.launch.warmstart import ensure_warm_start  # noqa: PLC0415 (torch/transformers: after preflight)
 
     cache_dir = config.run.home.expanduser() / "warmstart"
     # The arithmetic warm start keeps the settings its cache was made with; another task's is built for
@@ -153,12 +155,11 @@ def resolve_model(config: PipelineConfig, console: Any = None) -> Path:
 
 
 def held_out_success(config: PipelineConfig, model_path: Path) -> float:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 (torch/transformers: after preflight)
 
-    from pipelinerl.launch.warmstart import evaluate_success
-    from pipelinerl.platform.dtypes import policy_dtype
-    from pipelinerl.tasks import build_task
-    from pipelinerl.tasks.prompting import eos_token_ids, prompt_format
+    from pipelinerl.launch.warmstart import evaluate_success  # noqa: PLC0415 (torch/transformers: after preflight)
+    from pipelinerl.platform.dtypes import policy_dtype  # noqa: PLC0415 (torch/transformers: after preflight)
+    from pipelinerl.tasks.prompting import eos_token_ids, prompt_format  # noqa: PLC0415 (torch/transformers: after preflight)
 
     task = build_task(config.task)
     problems = task.problems("eval", config.task.eval_problems, config.run.seed)
@@ -182,8 +183,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer
 def check_task_and_model(config: PipelineConfig) -> None:
     """The task builds (its data is there, its options are right) and the model directory has what the
     prompts need: a tokenizer, an end-of-sequence token, the chat template asked for."""
-    from pipelinerl.tasks import build_task
-
     task = build_task(config.task)  # TaskError names the file, field or option
     if not task.problems("train", 1, config.run.seed):
         raise ConfigError(
@@ -194,16 +193,14 @@ def check_task_and_model(config: PipelineConfig) -> None:
             f"task {config.task.name!r} has no held-out problems (task.options={config.task.options})"
         )
     if config.eval.every:
-        from pipelinerl.tasks.eval_sets import build_eval_sets
-
         build_eval_sets(config, task)  # an eval set whose options do not build is named
     model_path = config.run.resume_from or config.model.path
     if model_path is None:
         _check_embedded_model_can_learn(config, task)
         return
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # noqa: PLC0415 (torch/transformers: after preflight)
 
-    from pipelinerl.tasks.prompting import eos_token_ids, prompt_format
+    from pipelinerl.tasks.prompting import eos_token_ids, prompt_format  # noqa: PLC0415 (torch/transformers: after preflight)
 
     # transformers builds an empty tokenizer (a vocabulary of one) for a directory without one: look first.
     if not any((Path(model_path) / name).is_file() for name in TOKENIZER_FILES):
@@ -223,8 +220,7 @@ def _check_embedded_model_can_learn(config: PipelineConfig, task: Any) -> None:
     """The embedded model is warm-started on the task's reference completions, which must exist and fit."""
     if config.task.name == "arithmetic":
         return
-    from pipelinerl.tasks.base import reference_completion
-    from pipelinerl.tasks.tokenizer import build_tokenizer, encode_completion, encode_prompt
+    from pipelinerl.tasks.tokenizer import build_tokenizer, encode_completion, encode_prompt  # noqa: PLC0415 (torch/transformers: after preflight)
 
     tokenizer = build_tokenizer()
     longest = 0
@@ -378,14 +374,13 @@ def launch(
     run_dir = (config.run.output_dir / (run_id or new_run_id(config.run.mode))).resolve()
     make_private_run_dir(run_dir)
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
-    from pipelinerl.platform.curve_keys import create_curve_keys
 
     # Every run authenticates its peers, on loopback too (another local process is a stranger); stages
     # on other nodes read the keys from the shared run directory.
     create_curve_keys(run_dir)
     tracker = None
     if config.tracking.enabled:
-        from pipelinerl.platform.tracking.run_tracker import RunTracker
+        from pipelinerl.platform.tracking.run_tracker import RunTracker  # noqa: PLC0415 (SQLAlchemy, matplotlib: only for a tracked run)
 
         status("opening the MLflow run")
         tracker = RunTracker(
@@ -442,7 +437,6 @@ def _run(
                 final_version, records[-1][registry.SAMPLES_TRAINED] if records else 0, str(run_dir / "final")
             )
         )
-    from pipelinerl.launch.summary import summarize
 
     pass_at_1 = registry.name_of(registry.EVAL_PASS_AT, k=1)
 

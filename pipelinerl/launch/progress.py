@@ -14,6 +14,7 @@ from rich.table import Table
 
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.tracking import metric_registry as registry
+from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
 from pipelinerl.platform.tracking.ratios import (
     TIMES_FASTER_MEANING,
     times_faster_heading,
@@ -146,8 +147,6 @@ class ProgressView:
             ("run directory", str(run_dir)),
         ]
         if (run_dir / "mlflow_run_id").exists():
-            from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
-
             rows.append(
                 ("MLflow run", f"{(run_dir / 'mlflow_run_id').read_text()} in {mlflow_uri(self.config)}")
             )

@@ -10,6 +10,7 @@ once the model was prepared. Every message here names the setting, the path and 
 from __future__ import annotations
 
 import os
+import pwd
 import tempfile
 from pathlib import Path
 
@@ -66,8 +67,6 @@ def check_output_dir(output_dir: Path) -> None:
 
 def _user() -> str:
     try:
-        import pwd
-
         return pwd.getpwuid(os.getuid()).pw_name
-    except (ImportError, KeyError):
+    except KeyError:
         return f"uid {os.getuid()}"

@@ -17,6 +17,7 @@ exits before the run is done raises ``StageFailed`` with the tail of its log. St
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -24,6 +25,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from pipelinerl.launch.gpus import (
     actor_gpu_pool,
@@ -85,8 +88,6 @@ class StallWatch:
 
 def _die_with_parent() -> None:
     """In a stage process, before exec: get SIGTERM when the launcher dies, even by SIGKILL (Linux)."""
-    import ctypes
-
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -278,8 +279,6 @@ def build_stages(
 
 def tree_rss_bytes(pid: int) -> int:
     """Resident memory of a process and all its descendants."""
-    import psutil
-
     root = psutil.Process(pid)
     total = 0
     for process in [root, *root.children(recursive=True)]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from pipelinerl.launch.launcher import RunResult, launch
 from pipelinerl.platform.config import PORTS, ConfigError, PipelineConfig, with_overrides
+from pipelinerl.platform.tracking import figures
 from pipelinerl.platform.tracking.parent_run import ParentRun, parent_run
 
 PORT_BLOCK = 20  # ports reserved per concurrent point (PORTS plus trainer inboxes)
@@ -153,8 +154,6 @@ def _run_points(
 
 
 def _log_sweep(parent: ParentRun, points: list[SweepPoint], results: dict[str, RunResult]) -> None:
-    from pipelinerl.platform.tracking import figures
-
     parent.log_figure(
         figures.comparison(
             {label: r.records for label, r in results.items()}, title=f"Sweep {parent.run_id}"

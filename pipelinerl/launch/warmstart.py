@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 from filelock import FileLock, Timeout
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from transformers import (
     GenerationMixin,
     LlamaConfig,
@@ -437,8 +438,6 @@ class _Progress:
 
     def __enter__(self) -> _Progress:
         if self.console is not None:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
             self.bar = Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),

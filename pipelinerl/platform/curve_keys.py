@@ -21,10 +21,11 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # imported where used: the launcher reads the modes below without loading ZeroMQ
-    import zmq
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +51,6 @@ class CurveKeys:
 def create_curve_keys(run_dir: Path) -> Path:
     """Write a new server and client key pair under ``<run_dir>/keys/`` unless they exist (the
     directories 0700, the files 0600, also when they existed); returns the directory."""
-    import zmq.auth
-
     directory = run_dir / KEYS_DIR
     allowed = directory / "allowed"
     for path in (directory, allowed):
@@ -74,8 +73,6 @@ def run_keys(run_dir: Path) -> CurveKeys:
     ``ValueError`` naming the directory if they are missing, or naming the file and its mode if a
     secret can be read by other users than its owner.
     """
-    import zmq.auth
-
     directory = run_dir / KEYS_DIR
     try:
         for name in (_SERVER, _CLIENT):
@@ -125,9 +122,6 @@ def _started_authenticator(context: zmq.Context[Any]) -> Any:
     returns: a server opened right after the context's last one closed (``release_authentication``)
     can find the ZAP endpoint still bound, and then waits for the close to finish (a benchmark's
     peer does this between two measurements)."""
-    import zmq
-    from zmq.auth.thread import ThreadAuthenticator
-
     deadline = time.monotonic() + ZAP_REBIND_S
     while True:
         authenticator = ThreadAuthenticator(context, log=logging.getLogger("pipelinerl.transport.zap"))

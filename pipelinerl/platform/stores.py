@@ -29,6 +29,7 @@ import os
 import socket
 from datetime import timedelta
 
+import psutil
 import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
@@ -115,8 +116,6 @@ def gloo_device(host: str) -> dist.ProcessGroupGloo.Device:
 
 def interface_of(host: str) -> str | None:
     """The name of this machine's network interface that holds ``host``'s address, or None."""
-    import psutil
-
     try:
         _, (address, _) = _address_family(host, 0)
         wanted = ipaddress.ip_address(address)

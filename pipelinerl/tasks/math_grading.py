@@ -97,7 +97,7 @@ def extract_answer(completion: str, answer_pattern: str | None = None) -> str | 
 def grade(completion: str, gold: str, answer_pattern: str | None = None) -> Label:
     """The label of ``completion`` against the reference answer ``gold``, without a time limit
     (``grade_with_timeout`` adds one)."""
-    from math_verify import parse, verify  # sympy is loaded only by whoever grades
+    from math_verify import parse, verify  # noqa: PLC0415 (sympy: loaded only by whoever grades)
 
     answer = extract_answer(completion, answer_pattern)
     if answer is None:
@@ -111,7 +111,7 @@ def grade(completion: str, gold: str, answer_pattern: str | None = None) -> Labe
 
 @lru_cache(maxsize=4096)
 def _parsed_gold(gold: str) -> list[Any]:
-    from math_verify import parse
+    from math_verify import parse  # noqa: PLC0415 (sympy: loaded only by whoever grades)
 
     return parse(f"\\boxed{{{gold}}}", parsing_timeout=None)
 

@@ -244,7 +244,7 @@ def _read_jsonl(path: Path) -> _Table:
 
 def _read_parquet(path: Path) -> _Table:
     try:
-        import pyarrow.parquet as parquet  # optional: only Parquet sources need it
+        import pyarrow.parquet as parquet  # noqa: PLC0415 (optional: only Parquet sources need it)
     except ImportError as error:
         raise ValueError(
             f"reading the Parquet file {path} needs the pyarrow package (pip install pyarrow)"
@@ -284,7 +284,7 @@ def _read_directory(path: Path) -> dict[str, _Table]:
 
 def _read_saved_dataset(path: Path) -> dict[str, _Table]:
     try:
-        import datasets  # optional: only saved Hugging Face datasets need it
+        import datasets  # noqa: PLC0415 (optional: only saved Hugging Face datasets need it)
     except ImportError as error:
         raise ValueError(
             f"reading the saved Hugging Face dataset {path} needs the datasets package (pip install datasets)"

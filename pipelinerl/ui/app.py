@@ -17,10 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import plotly
+import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
+from pipelinerl.platform.tracking.db import database_url as configured_database_url
+from pipelinerl.platform.tracking.mlflow_store import mlflow_uri as configured_mlflow_uri
 from pipelinerl.ui import api, pages
 from pipelinerl.ui.mlflow_reader import MlflowReader
 from pipelinerl.ui.queries import PlatformReader
@@ -60,9 +64,6 @@ def settings_from_config(
     environment variables, else the platform home), each overridable. The links go to the UIs that
     ``pipelinerl up`` starts unless told otherwise: MLflow's is the tracking server itself when the
     store is one (http...), Prefect's is ``$PREFECT_UI_URL``."""
-    from pipelinerl.platform.tracking.db import database_url as configured_database_url
-    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri as configured_mlflow_uri
-
     tracking_uri = mlflow_uri or configured_mlflow_uri(config)
     if mlflow_ui_url is None:
         is_server = tracking_uri.startswith(("http://", "https://"))
@@ -79,8 +80,6 @@ def settings_from_config(
 
 def plotly_bundle() -> Path:
     """plotly.js as the ``plotly`` Python package ships it (the same file ``plotly.offline`` inlines)."""
-    import plotly
-
     return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
@@ -141,7 +140,5 @@ def check_port(host: str, port: int) -> None:
 def serve(settings: UiSettings, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
     """Serve the dashboard until interrupted (what ``pipelinerl ui`` runs); ``PortInUse`` first if
     the port is taken."""
-    import uvicorn
-
     check_port(host, port)
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")

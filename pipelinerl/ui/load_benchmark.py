@@ -25,7 +25,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import uvicorn
+
 from pipelinerl.platform.tracking import metric_registry as registry
+from pipelinerl.platform.tracking.mlflow_store import MetricPoint, MlflowStore
+from pipelinerl.platform.tracking.store import PlatformStore
 from pipelinerl.ui.app import UiSettings, create_app
 
 # Endpoints a user's first look at a run page costs (the page, then its five API calls).
@@ -70,8 +74,6 @@ def fill_synthetic_run(
     with ``with_mlflow``, the actors' metrics, held-out evaluations and a restart half-way in a SQLite
     MLflow store. Several runs may share a root. The database is a SQLite file in ``root`` unless
     ``database_url`` names another."""
-    from pipelinerl.platform.tracking.store import PlatformStore
-
     database_url = database_url or f"sqlite:///{root / 'platform.db'}"
     output_dir = root / "runs"
     run_dir = output_dir / run_id
@@ -155,8 +157,6 @@ def _mlflow_run(
     seconds_per_step: float,
     rng: random.Random,
 ) -> str:
-    from pipelinerl.platform.tracking.mlflow_store import MetricPoint, MlflowStore
-
     store = MlflowStore(uri, (root / "mlartifacts").as_uri())
     mlflow_run_id = store.start_run(experiment, run_id, {})
     points = []
@@ -190,8 +190,6 @@ class BackgroundServer:
     """The dashboard under uvicorn in a thread of this process, on 127.0.0.1:``port``."""
 
     def __init__(self, settings: UiSettings, port: int) -> None:
-        import uvicorn
-
         self.url = f"http://127.0.0.1:{port}"
         config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
         self._server = uvicorn.Server(config)

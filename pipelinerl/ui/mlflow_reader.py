@@ -68,7 +68,7 @@ class MlflowReader:
                 path = Path(self.tracking_uri.removeprefix("sqlite:///"))
                 if not path.is_file():
                     raise MlflowUnavailable(f"MLflow store {self.tracking_uri!r}: no such file")
-            from mlflow.tracking import MlflowClient
+            from mlflow.tracking import MlflowClient  # noqa: PLC0415 (MLflow takes seconds: the dashboard starts without it)
 
             self._client_instance = MlflowClient(tracking_uri=self.tracking_uri)
         return self._client_instance
@@ -146,7 +146,7 @@ class MlflowReader:
         """``read()``, its failures as ``MlflowUnavailable``; after an unreachable store, every call
         fails at once for ``RETRY_AFTER_S`` (each page refresh would otherwise wait out the HTTP
         timeouts again), then tries again."""
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import MlflowException  # noqa: PLC0415 (MLflow takes seconds: the dashboard starts without it)
 
         if self._unavailable is not None and time.monotonic() < self._retry_at:
             raise MlflowUnavailable(self._unavailable)

@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from pipelinerl.platform.tracking import metric_registry as registry
+from pipelinerl.platform.tracking.catch_up import mark_crashed_and_catch_up
 from pipelinerl.platform.tracking.db import RUN_STATUSES, PlatformDatabaseError, display_url
 from pipelinerl.platform.tracking.liveness import HEARTBEAT_S
+from pipelinerl.platform.tracking.store import PlatformStore
 from pipelinerl.ui.mlflow_reader import MetricPoint, MlflowReader, MlflowUnavailable
 from pipelinerl.ui.queries import (
     NotFound,
@@ -104,8 +106,6 @@ class Dashboard:
         if time.monotonic() - self._crash_check_at < HEARTBEAT_S:
             return
         self._crash_check_at = time.monotonic()
-        from pipelinerl.platform.tracking.catch_up import mark_crashed_and_catch_up
-        from pipelinerl.platform.tracking.store import PlatformStore
 
         try:
             with PlatformStore(self.database.url, migrate=False) as store:

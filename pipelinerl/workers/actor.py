@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import logging
 import threading
 import time
@@ -80,13 +81,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
+import zmq
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipelinerl.platform.checkpoint import read_trained, starting_version, train_group_id
 from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.dtypes import policy_dtype, policy_dtype_name
 from pipelinerl.platform.jsonl import JsonlWriter
+from pipelinerl.platform.numbering import actor_sender
 from pipelinerl.platform.tracking import metric_registry as registry
+from pipelinerl.platform.transport import Receiver, Sender, run_keys
+from pipelinerl.platform.weights import WeightGroup, saved_tensor_shapes, weight_update_problem
 from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
+from pipelinerl.tasks import build_task
 from pipelinerl.tasks.base import Problem
+from pipelinerl.tasks.eval_sets import build_eval_sets
+from pipelinerl.tasks.prompting import cut_at_stop, encode_problem, eos_token_ids, prompt_format
 from pipelinerl.workers.admission import (
     continuous_admission,
     conventional_round,
@@ -94,17 +105,15 @@ from pipelinerl.workers.admission import (
     runs_rounds,
     wait_over,
 )
+from pipelinerl.workers.engines.lm_head import float32_lm_head
 from pipelinerl.workers.engines.protocol import CompletedSequence, Engine, WeightHolder, WorkersEngine
+from pipelinerl.workers.engines.vllm_engine import VLLMEngine, WeightGroupAddress
 from pipelinerl.workers.evaluation import EvalSchedule, eval_group_id
 from pipelinerl.workers.prompt_stream import prompt_stream
 from pipelinerl.workers.staged_weights import StagedWeights
 
 if TYPE_CHECKING:
-    import torch
-
     from pipelinerl.platform.curve_keys import CurveKeys
-    from pipelinerl.platform.transport import Sender
-    from pipelinerl.platform.weights import WeightGroup
 
 logger = logging.getLogger("pipelinerl.actor")
 
@@ -144,9 +153,6 @@ class StopFlag:
 def rollout_sender(context: Any, config: PipelineConfig, actor_id: int, keys: CurveKeys) -> Sender:
     """The rollout PUSH actor ``actor_id`` connects to the preprocessor: the run's keys, and the sender
     name (``numbering.actor_sender``) under which the preprocessor pins its streams."""
-    from pipelinerl.platform.numbering import actor_sender
-    from pipelinerl.platform.transport import Sender
-
     transport = config.transport
     return Sender(
         context,
@@ -163,14 +169,6 @@ def rollout_sender(context: Any, config: PipelineConfig, actor_id: int, keys: Cu
 
 class Actor:
     def __init__(self, config: PipelineConfig, run_dir: Path, actor_id: int, model_path: Path) -> None:
-        import torch
-        import zmq
-        from transformers import AutoTokenizer
-
-        from pipelinerl.platform.transport import Receiver, run_keys
-        from pipelinerl.tasks import build_task
-        from pipelinerl.tasks.prompting import encode_problem, eos_token_ids, prompt_format
-
         self.config = config
         self.actor_id = actor_id
         self.run_id = run_dir.name
@@ -197,8 +195,6 @@ class Actor:
         self.eval_sets: dict[str, list[Problem]] = {}
         self.eval_schedule = EvalSchedule(0, 0)
         if config.eval.every and actor_id == 0:
-            from pipelinerl.tasks.eval_sets import build_eval_sets
-
             self.eval_sets = {name: s.problems for name, s in build_eval_sets(config, task).items()}
             self.eval_schedule = EvalSchedule(config.eval.every, starting_version(config.run.resume_from))
         eval_problems = [problem for set_problems in self.eval_sets.values() for problem in set_problems]
@@ -212,17 +208,12 @@ class Actor:
             self.engine = self.workers_engine = self._vllm_engine(model_path, max_prompt_tokens)
         else:
             self.engine = self._transformers_engine(model_path, max_prompt_tokens)
-            from pipelinerl.platform.weights import WeightGroup
-
             self.weight_group = WeightGroup.join(
                 transport.host,
                 transport.port("weight_group"),
                 config.actor_first_weight_rank(actor_id),
                 config.weight_group_size(),
             )
-        from pipelinerl.platform.dtypes import policy_dtype_name
-        from pipelinerl.platform.weights import saved_tensor_shapes
-
         # What a weight update may hold: this model's tensors (each notice is checked against them).
         self.saved_shapes = saved_tensor_shapes(model_path)
         self.weights_error: BaseException | None = None  # what stopped the weights thread, if anything
@@ -256,17 +247,11 @@ class Actor:
         self._last_report = (time.monotonic(), 0, 0.0)  # (when, tokens, idle seconds)
 
     def _transformers_engine(self, model_path: Path, max_prompt_tokens: int) -> Engine[torch.nn.Module]:
-        from transformers import AutoModelForCausalLM
-
-        from pipelinerl.workers.engines.transformers_engine import TransformersEngine
+        from pipelinerl.workers.engines.transformers_engine import TransformersEngine  # noqa: PLC0415 (transformers>=5.20, absent from vLLM's env)
 
         actor = self.config.actor
-        from pipelinerl.platform.dtypes import policy_dtype
-
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=policy_dtype(self.config.model.dtype))
         if self.config.model.lm_head_fp32:
-            from pipelinerl.workers.engines.lm_head import float32_lm_head
-
             float32_lm_head(model)
         return TransformersEngine(
             model,
@@ -282,15 +267,11 @@ class Actor:
         )
 
     def _vllm_engine(self, model_path: Path, max_prompt_tokens: int) -> WorkersEngine:
-        try:
-            from pipelinerl.workers.engines.vllm_engine import VLLMEngine, WeightGroupAddress
-        except ImportError as error:
+        if importlib.util.find_spec("vllm") is None:
             raise SystemExit(
-                f"actor.engine='vllm' needs vLLM in the actor's interpreter ({error}); build .venv-vllm "
-                "with `make vllm-env` and set actor.python=.venv-vllm/bin/python"
-            ) from error
-        from pipelinerl.platform.dtypes import policy_dtype_name
-
+                "actor.engine='vllm' needs vLLM in the actor's interpreter (no module named 'vllm'); build "
+                ".venv-vllm with `make vllm-env` and set actor.python=.venv-vllm/bin/python"
+            )
         actor, transport = self.config.actor, self.config.transport
         return VLLMEngine(
             model_path,
@@ -331,8 +312,6 @@ class Actor:
             self.stop.set()
 
     def _receive_weights(self) -> None:
-        from pipelinerl.platform.weights import weight_update_problem
-
         while not self.stop.is_set():
             notice = self.notices.recv(timeout_s=0.2)
             if isinstance(notice, Shutdown):
@@ -458,8 +437,6 @@ class Actor:
         The engines stop only on end-of-sequence ids; a stop string is applied here, after the fact:
         the tokens after it are dropped with their log-probs and versions, which leaves the kept
         tokens' behaviour log-probs exactly as sampled."""
-        from pipelinerl.tasks.prompting import cut_at_stop
-
         keep = cut_at_stop(sequence.completion_token_ids, self.decode, self.stop_strings)
         if keep is None:
             return sequence
@@ -601,8 +578,6 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.INFO, format=f"%(asctime)s actor{args.actor_id} %(levelname)s %(message)s"
     )
     config = PipelineConfig.model_validate_json((args.run_dir / "config.json").read_text())
-    import torch
-
     torch.set_num_threads(config.actor.torch_threads)
     Actor(config, args.run_dir, args.actor_id, args.model_path).run()
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import zmq
 
 from pipelinerl.platform.checkpoint import starting_version
 from pipelinerl.platform.config import PipelineConfig
@@ -44,7 +45,7 @@ from pipelinerl.platform.curve_keys import CurveKeys
 from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.numbering import actor_sender
 from pipelinerl.platform.tracking import metric_registry as registry
-from pipelinerl.platform.transport import Receiver
+from pipelinerl.platform.transport import Receiver, Sender, run_keys
 from pipelinerl.platform.wire import (
     Rollout,
     Shutdown,
@@ -425,10 +426,6 @@ def rollout_receiver(context: Any, config: PipelineConfig, keys: CurveKeys) -> R
 
 
 def run(config: PipelineConfig, run_dir: Path) -> None:
-    import zmq
-
-    from pipelinerl.platform.transport import Receiver, Sender, run_keys
-
     task = build_task(config.task)
     problems = {p.problem_id: p for p in task.problems("train", config.task.train_problems, config.run.seed)}
     evals = None

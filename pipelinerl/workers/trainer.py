@@ -29,6 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+import zmq
+from torch.distributed.constants import default_pg_timeout
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipelinerl.platform.checkpoint import (
     OPTIMIZER_DIR,
@@ -41,8 +45,17 @@ from pipelinerl.platform.checkpoint import (
     write_trained,
 )
 from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.dtypes import dtype_name, policy_dtype
+from pipelinerl.platform.stores import init_trainer_group
 from pipelinerl.platform.tracking import metric_registry as registry
+from pipelinerl.platform.transport import Receiver, Sender, run_keys
+from pipelinerl.platform.weights import MIB, WeightGroup, weight_backend
 from pipelinerl.platform.wire import Shutdown, TrainBatch, WeightUpdate, impossible_values
+from pipelinerl.rl import behaviour_mismatch, lag_statistics, token_lags
+from pipelinerl.rl.ess import effective_sample_size_from_log_weights
+from pipelinerl.workers.deepspeed_import import import_deepspeed
+from pipelinerl.workers.engines.lm_head import float32_lm_head
+from pipelinerl.workers.policy_step import concat_records, micro_batch_loss
 
 logger = logging.getLogger("pipelinerl.trainer")
 
@@ -120,10 +133,6 @@ def ess_metrics(
     ``rl/ess``: of the raw ratios pi/mu; ``rl/ess_truncated``: of the truncated weights min(pi/mu, c) that
     multiply the advantage in the truncated-IS loss (``is_cap`` = c; None for a loss without them). A
     statistic that is undefined (a NaN log-prob) is left out and logged, never fatal."""
-    import torch
-
-    from pipelinerl.rl.ess import effective_sample_size_from_log_weights
-
     log_ratio = torch.from_numpy(trainer_logprobs.astype(np.float64) - behaviour_logprobs.astype(np.float64))
     logs = {registry.ESS: log_ratio}
     if is_cap is not None:
@@ -148,28 +157,16 @@ class Trainer:
     def __init__(
         self, config: PipelineConfig, run_dir: Path, rank: int, model_path: Path, device: str = "cpu"
     ) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from pipelinerl.platform.transport import Receiver, Sender, run_keys
-        from pipelinerl.workers.deepspeed_import import import_deepspeed
-
         deepspeed = import_deepspeed()
-        from pipelinerl.platform.weights import MIB, WeightGroup, weight_backend
 
         self.config = config
         self.run_dir = run_dir
         self.rank = rank
         self.model_path = model_path
-        self.torch = torch
         torch.manual_seed(config.run.seed)
-        from pipelinerl.platform.dtypes import policy_dtype
-
         dtype = policy_dtype(config.model.dtype)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
         if config.model.lm_head_fp32:
-            from pipelinerl.workers.engines.lm_head import float32_lm_head
-
             float32_lm_head(model)
         if config.trainer.activation_checkpointing:
             enable_activation_checkpointing(model)
@@ -195,8 +192,6 @@ class Trainer:
         self.consumed: set[str] = set()
         if config.run.resume_from is not None:
             self._resume(config.run.resume_from)
-        import zmq
-
         self.zmq_context = zmq.Context()
         transport = config.transport
         keys = run_keys(run_dir)  # every run authenticates its peers, on loopback too
@@ -267,8 +262,6 @@ class Trainer:
         params = [param for _, param in self._parameters()]
         with self.deepspeed.zero.GatheredParameters(params, enabled=self.config.trainer.zero_stage == 3):
             if self.rank == 0:
-                from transformers import AutoTokenizer
-
                 directory.mkdir(parents=True, exist_ok=True)
                 self.engine.module.save_pretrained(directory)
                 AutoTokenizer.from_pretrained(self.model_path).save_pretrained(directory)
@@ -322,7 +315,7 @@ class Trainer:
             message = self.batches.recv(timeout_s=BATCH_WAIT_S)
             if isinstance(message, TrainBatch):
                 batch = self.admissible(message)
-                if batch.sequences or self.torch.distributed.get_world_size() > 1:
+                if batch.sequences or torch.distributed.get_world_size() > 1:
                     return batch  # ranks step together, one cannot skip alone (docs/reliability.md)
                 logger.warning("batch %d: no sequence left to train; skipped", batch.batch_index)
                 continue
@@ -371,10 +364,6 @@ class Trainer:
         )
 
     def _train_step(self, batch: TrainBatch) -> dict[str, Any]:
-        from pipelinerl.rl import behaviour_mismatch, lag_statistics, token_lags
-        from pipelinerl.workers.policy_step import concat_records, micro_batch_loss
-
-        torch = self.torch
         config = self.config
         step_started = time.perf_counter()
         fresh = [seq for seq in batch.sequences if seq.rollout_id not in self.consumed]
@@ -482,7 +471,7 @@ class Trainer:
 
     def _gather(self, part: Any) -> list[Any]:
         """Every rank's ``part`` (one item when training on a single rank)."""
-        dist = self.torch.distributed
+        dist = torch.distributed
         if dist.get_world_size() == 1:
             return [part]
         gathered: list[Any] = [None] * dist.get_world_size()
@@ -497,8 +486,6 @@ class Trainer:
 
         Every rank enters the ZeRO-3 gather (a collective); only rank 0 talks to the actors.
         """
-        from pipelinerl.platform.dtypes import dtype_name
-
         named = self._parameters()
         params = [param for _, param in named]
         started = time.perf_counter()
@@ -543,10 +530,6 @@ def init_distributed(deepspeed: Any, config: PipelineConfig, rank: int, backend:
     agent serves the rendezvous (``TORCHELASTIC_USE_AGENT_STORE``): DeepSpeed joins it as before.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        from torch.distributed.constants import default_pg_timeout
-
-        from pipelinerl.platform.stores import init_trainer_group
-
         init_trainer_group(
             backend,
             os.environ.get("MASTER_ADDR", config.transport.host),
@@ -588,8 +571,6 @@ def main(argv: list[str] | None = None) -> None:
     config = PipelineConfig.model_validate_json((args.run_dir / "config.json").read_text())
     rank = placed_rank(args.rank, os.environ, config.trainer.num_processes)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s trainer{rank} %(levelname)s %(message)s")
-    import torch
-
     torch.set_num_threads(config.trainer.torch_threads)
     os.environ.setdefault("DS_ACCELERATOR", args.device)
     Trainer(config, args.run_dir, rank, args.model_path, device=args.device).run()

@@ -13,8 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
+from mlflow.tracking import MlflowClient
 
+from pipelinerl.platform.tracking.store import PlatformStore
 from tests.conftest import wait_until, worker_port
 
 PIPELINERL = [sys.executable, "-m", "pipelinerl.cli"]
@@ -88,8 +91,6 @@ def test_compare_rejects_unknown_modes_before_running():
 
 
 def test_unreachable_tracking_stores_stop_the_run_at_once(tmp_path, random_model_dir):
-    import socket
-
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -113,8 +114,6 @@ def test_unreachable_tracking_stores_stop_the_run_at_once(tmp_path, random_model
 
 
 def _processes_of(run_dir) -> list:
-    import psutil
-
     found = []
     for process in psutil.process_iter(["cmdline"]):
         if any(str(run_dir) in part for part in process.info["cmdline"] or []):
@@ -153,10 +152,6 @@ def _start_long_run(tmp_path, random_model_dir, port: int):
 
 @pytest.mark.slow
 def test_sigterm_stops_every_stage_and_marks_the_run_killed(tmp_path, random_model_dir):
-    from mlflow.tracking import MlflowClient
-
-    from pipelinerl.platform.tracking.store import PlatformStore
-
     process, run_dir = _start_long_run(tmp_path, random_model_dir, worker_port(21990))
     assert len(_processes_of(run_dir)) >= 3, "actor, preprocessor and trainer are running"
     process.send_signal(signal.SIGTERM)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import psutil
@@ -25,8 +26,16 @@ import zmq
 
 from pipelinerl.bench.fault_frames import numbered, stranger_rollout
 from pipelinerl.platform.config import PipelineConfig, load_config
-from pipelinerl.platform.curve_keys import CurveKeys, create_curve_keys, run_keys
+from pipelinerl.platform.curve_keys import (
+    CurveKeys,
+    create_curve_keys,
+    release_authentication,
+    run_keys,
+    serve_with_keys,
+)
+from pipelinerl.platform.stores import holds_address, host_store, interface_of
 from pipelinerl.platform.transport import Receiver, Sender
+from pipelinerl.platform.weights import WeightGroup
 from pipelinerl.platform.wire import Envelope, Rollout, encode_numbered
 from pipelinerl.workers.actor import rollout_sender
 from pipelinerl.workers.preprocessor import rollout_receiver
@@ -99,8 +108,6 @@ def test_messages_a_key_holder_takes_from_an_actor_are_all_counted_as_lost_from_
     """A peer with the run's keys binds a PULL of its own that the actor's socket also reaches: the PUSH
     deals messages to both in turn. Every message it took is a gap in the actor's stream at the
     preprocessor, counted in ``lost_from_actors``, to the message."""
-    from pipelinerl.platform.curve_keys import release_authentication, serve_with_keys
-
     config = run_config()
     thief = context.socket(zmq.PULL)
     thief.setsockopt(zmq.LINGER, 0)
@@ -342,8 +349,6 @@ def listening(process: psutil.Process) -> set[tuple[str, int]]:
 def test_the_weight_groups_store_and_gloo_listen_on_the_host_only() -> None:
     """Rank 0 (the trainer's side) and one member (an actor's) in this process: every socket the group
     opened listens on 127.0.0.1. Before, the store's server listened on ``::`` (every interface)."""
-    from pipelinerl.platform.weights import WeightGroup
-
     before = listening(psutil.Process())
     port = free_port()
     groups: dict[str, WeightGroup] = {}
@@ -361,10 +366,6 @@ def test_the_weight_groups_store_and_gloo_listen_on_the_host_only() -> None:
 
 
 def test_a_store_names_a_taken_port_and_an_unknown_host() -> None:
-    from datetime import timedelta
-
-    from pipelinerl.platform.stores import holds_address, host_store, interface_of
-
     port = free_port()
     first = host_store(LOOPBACK, port, 2, is_master=True, timeout=timedelta(seconds=10))
     with pytest.raises(OSError, match=f"127.0.0.1:{port}: the port is already in use.*transport.base_port"):

@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 
+from pipelinerl.bench.actor_rate import measure_actor_rate
+from tests.conftest import worker_port
+
 PIPELINERL = [sys.executable, "-m", "pipelinerl.cli"]
 RECORD_KEYS = (
     "benchmark",
@@ -122,8 +125,6 @@ def test_bench_transport_plain_measures_without_curvezmq(
 
 def test_actor_rate_measured_by_a_short_engine_run(random_model_dir: Path) -> None:
     """Without an engine record or a run directory, bench transport measures the actor's rate."""
-    from pipelinerl.bench.actor_rate import measure_actor_rate
-
     rate = measure_actor_rate(random_model_dir, threads=1, quick=True, progress=None)
     assert rate.tokens_per_s > 0 and rate.rollouts_per_s > 0
 
@@ -137,8 +138,6 @@ def test_unknown_engine_is_refused_with_the_valid_ones(tmp_path: Path) -> None:
 def test_bench_weights_quick_moves_every_update_through_real_weight_groups(tmp_path: Path) -> None:
     """Real member processes receive each update (the run would hang or fail otherwise); the record has
     a row per bucket size with its broadcast count from the bucket plan."""
-    from tests.conftest import worker_port
-
     out = tmp_path / "weights.json"
     result = run_bench(
         "weights", "--quick", "--port", str(worker_port(28340)), "--out", str(out), cwd=tmp_path

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -96,8 +97,6 @@ def test_bench_engine_quick_on_both_engines(tmp_path: Path) -> None:
 def test_a_missing_vllm_environment_is_named(tmp_path: Path, random_model_dir: Path) -> None:
     """Without .venv-vllm the command stops at once and says how to build it (a copy of the package
     outside the repository has no .venv-vllm beside it)."""
-    import shutil
-
     checkout = tmp_path / "checkout"
     shutil.copytree(ROOT / "pipelinerl", checkout / "pipelinerl")
     command = [sys.executable, "-c", "from pipelinerl.cli import app; app()"]

@@ -6,22 +6,20 @@ import json
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from pipelinerl.launch.compare import run_comparison
 from pipelinerl.platform.config import load_config
+from pipelinerl.platform.tracking.db import database_url
+from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
 from pipelinerl.platform.tracking.ratios import times_faster
+from pipelinerl.platform.tracking.store import PlatformStore
 from tests.conftest import worker_port
 
 pytestmark = pytest.mark.slow
 
 
 def test_pipeline_against_conventional(tmp_path, random_model_dir):
-    from mlflow.tracking import MlflowClient
-
-    from pipelinerl.platform.tracking.db import database_url
-    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
-    from pipelinerl.platform.tracking.store import PlatformStore
-
     config = load_config(
         None,
         [

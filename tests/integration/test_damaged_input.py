@@ -40,7 +40,9 @@ from pipelinerl.platform.wire import (
     Rollout,
     Shutdown,
 )
+from pipelinerl.tasks import build_task
 from tests.conftest import wait_until, worker_port
+from tests.integration.test_pipeline import check_records_against_token_data
 
 _next_port = iter(range(worker_port(27500), worker_port(27700), 20))
 
@@ -227,8 +229,6 @@ def flooded(tmp_path_factory: pytest.TempPathFactory, random_model_dir: Path) ->
     never-completing rollouts, 16 with tokens outside the vocabulary and 5 oversized parts, sent to
     the run's rollout socket while it trains, by a peer holding the run's keys (a stranger without
     them is refused at the handshake: ``test_reward_hacking.py``, ``test_authenticated_wire.py``)."""
-    from pipelinerl.tasks import build_task
-
     tmp_path = tmp_path_factory.mktemp("flooded")
     config = small_config(
         tmp_path,
@@ -351,8 +351,6 @@ class TestAFloodedRun:
 
     def test_a_flooded_run_learns_from_the_actors_data_only(self, flooded: FloodedRun) -> None:
         """No stranger's rollout trained, and the run's statistics are what its tokens say."""
-        from tests.integration.test_pipeline import check_records_against_token_data
-
         result = flooded.result
         trained = {rollout_id for record in result.records for rollout_id, _ in record["rollouts"]}
         assert not any(rollout_id.startswith("stranger") for rollout_id in trained)

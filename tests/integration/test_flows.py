@@ -5,31 +5,33 @@ the stack's deployment runs carry those properties; the flows' parameter forms a
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.testing.utilities import prefect_test_harness
 
+from pipelinerl.flows.deploy import DeployError, _ensure_work_pools
+from pipelinerl.flows.sweep import sweep
 from pipelinerl.platform.config import load_config
+from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
 from tests.conftest import worker_port
 
 
 @pytest.fixture(scope="module")
 def prefect_harness() -> Iterator[None]:
     """One temporary Prefect server (``prefect_test_harness``) for the module's flow runs and pools."""
-    from prefect.testing.utilities import prefect_test_harness
-
     with prefect_test_harness(server_startup_timeout=120):
         yield
 
 
 @pytest.mark.slow
 def test_two_point_sweep_makes_two_child_runs_under_one_parent(prefect_harness, tmp_path, random_model_dir):
-    from mlflow.tracking import MlflowClient
-
-    from pipelinerl.flows.sweep import sweep
-    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
-
     config = load_config(
         None,
         [
@@ -62,14 +64,6 @@ def test_two_point_sweep_makes_two_child_runs_under_one_parent(prefect_harness, 
 def test_deploy_accepts_the_docker_and_kubernetes_pools_the_cluster_guide_creates(prefect_harness):
     """docs/cluster.md has administrators create the stage pools as Docker or Kubernetes pools from the
     job templates in flows/job_templates; deploying onto them must work, and another type is named."""
-    import asyncio
-    import json
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-
-    from pipelinerl.flows.deploy import DeployError, _ensure_work_pools
-
     templates = Path(__file__).resolve().parents[2] / "pipelinerl" / "flows" / "job_templates"
 
     async def check() -> None:

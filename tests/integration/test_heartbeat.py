@@ -15,8 +15,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
+from mlflow.tracking import MlflowClient
 
+from pipelinerl.platform.config import load_config
+from pipelinerl.platform.jsonl import JsonlTail
+from pipelinerl.platform.tracking.db import database_url
+from pipelinerl.platform.tracking.store import PlatformStore
 from tests.conftest import wait_until, worker_port
 
 pytestmark = pytest.mark.slow
@@ -34,15 +40,11 @@ def _cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.Co
 
 def _trained(run_dir: Path) -> tuple[list[int], set[str]]:
     """The versions and rollout ids of the run directory's trainer records (complete lines only)."""
-    from pipelinerl.platform.jsonl import JsonlTail
-
     records = JsonlTail(run_dir / "metrics.jsonl").read()
     return [r["policy_version"] for r in records], {rollout for r in records for rollout, _ in r["rollouts"]}
 
 
 def _processes_of(run_dir: Path) -> list:
-    import psutil
-
     found = []
     for process in psutil.process_iter(["cmdline"]):
         if any(str(run_dir) in part for part in process.info["cmdline"] or []):
@@ -64,10 +66,6 @@ class Killed:
 def killed(tmp_path_factory, random_model_dir) -> Killed:
     """``pipelinerl run`` SIGKILLed (the launcher alone) once the run directory holds versions its
     stores lack."""
-    from pipelinerl.platform.config import load_config
-    from pipelinerl.platform.tracking.db import database_url
-    from pipelinerl.platform.tracking.store import PlatformStore
-
     tmp_path = tmp_path_factory.mktemp("heartbeat")
     home = tmp_path / "home"
     # Its own platform database: the session's is shared with tests that kill launchers of their own.
@@ -135,10 +133,6 @@ def test_stages_die_with_a_killed_launcher(killed):
 
 
 def test_a_killed_launcher_s_run_is_marked_crashed_and_caught_up_by_runs_list(killed):
-    from mlflow.tracking import MlflowClient
-
-    from pipelinerl.platform.tracking.store import PlatformStore
-
     _stages_gone(killed)
     run_dir, url, env = killed.run_dir, killed.url, killed.env
     run_id = run_dir.name

@@ -20,11 +20,18 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from mlflow.tracking import MlflowClient
+from rich.console import Console
 
 from pipelinerl.launch.launcher import RunResult, launch
+from pipelinerl.launch.progress import ProgressView
 from pipelinerl.platform.config import PipelineConfig, load_config
 from pipelinerl.platform.tracking import metric_registry as registry
-from pipelinerl.ui.app import create_app, settings_from_config
+from pipelinerl.platform.tracking.mlflow_store import MetricPoint, MlflowStore
+from pipelinerl.platform.tracking.store import PlatformStore
+from pipelinerl.ui.app import UiSettings, create_app, settings_from_config
+from pipelinerl.ui.load_benchmark import fill_synthetic_run
+from pipelinerl.ui.series import STAGE_WINDOW
 from tests.conftest import worker_port
 
 # The run (two actors, evaluations) takes a few minutes on a loaded CPU machine.
@@ -54,8 +61,6 @@ class Tracked:
 
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory: pytest.TempPathFactory, random_model_dir: Path) -> Iterator[Tracked]:
-    from mlflow.tracking import MlflowClient
-
     root = tmp_path_factory.mktemp("registry")
     config = load_config(
         None,
@@ -172,8 +177,6 @@ def test_dashboard_and_mlflow_give_the_same_trainer_tokens_per_s_and_idle_fracti
 
 
 def test_the_trainer_stage_box_is_the_registry_over_its_window(tracked: Tracked) -> None:
-    from pipelinerl.ui.series import STAGE_WINDOW
-
     box = tracked.api.get(f"/api/runs/{tracked.result.run_dir.name}/live").json()["stages"]["trainer"]
     window = tracked.records("metrics.jsonl")[-STAGE_WINDOW:]
     expected_tokens_per_s = registry.derive_over(registry.TRAINER_TOKENS_PER_S, window)
@@ -185,10 +188,6 @@ def test_the_trainer_stage_box_is_the_registry_over_its_window(tracked: Tracked)
 
 
 def test_summary_and_terminal_show_the_same_trainer_statistics(tracked: Tracked) -> None:
-    from rich.console import Console
-
-    from pipelinerl.launch.progress import ProgressView
-
     records = tracked.records("metrics.jsonl")
     summary = tracked.result.summary
     over_run = registry.derive_over(registry.TRAINER_TOKENS_PER_S, records)
@@ -238,11 +237,6 @@ def test_a_run_written_before_the_renames_still_shows(tmp_path: Path) -> None:
     """A synthetic finished run whose MLflow history and trainer records carry the old names (actor 1
     as ``actor1:...``, ``completion_len_p90``, ``inflight_sequences``): the dashboard reads them under
     the new ones."""
-    from pipelinerl.platform.tracking.mlflow_store import MetricPoint, MlflowStore
-    from pipelinerl.platform.tracking.store import PlatformStore
-    from pipelinerl.ui.app import UiSettings
-    from pipelinerl.ui.load_benchmark import fill_synthetic_run
-
     run = fill_synthetic_run(tmp_path, 12, "20261101-000000-pipeline-old001")
     assert run.mlflow_uri is not None
     with PlatformStore(run.database_url) as store:

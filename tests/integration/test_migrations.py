@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
 from pipelinerl.platform.tracking.db import (
@@ -109,9 +111,6 @@ def test_a_run_recorded_before_0003_keeps_its_row_and_gains_empty_launcher_field
 
 
 def test_models_and_migrations_agree(url: str) -> None:
-    from alembic.autogenerate import compare_metadata
-    from alembic.migration import MigrationContext
-
     upgrade(url)
     engine = make_engine(url)
     try:

@@ -3,6 +3,7 @@ MLflow and in the platform database (real SQLite stores)."""
 
 from __future__ import annotations
 
+import mlflow
 import pytest
 
 from pipelinerl.platform.config import load_config
@@ -22,8 +23,6 @@ def tracked_config(tmp_path, enabled: bool = True):
 
 
 def statuses(tmp_path, run_id: str, mlflow_run_id: str) -> tuple[str, str]:
-    import mlflow
-
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     mlflow_status = client.get_run(mlflow_run_id).info.status
     platform_status = PlatformStore(f"sqlite:///{tmp_path / 'platform.db'}").get_run(run_id).run.status

@@ -30,11 +30,22 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 import zmq
+from mlflow.tracking import MlflowClient
+from transformers import AutoModelForCausalLM
 
-from pipelinerl.launch.launcher import launch
+from pipelinerl.launch.launcher import launch, preflight
+from pipelinerl.launch.stages import build_stages, stop_stages
 from pipelinerl.platform.config import PipelineConfig, load_config
+from pipelinerl.platform.curve_keys import KEYS_DIR, create_curve_keys, run_keys
+from pipelinerl.platform.dtypes import dtype_name
 from pipelinerl.platform.tracking import metric_registry as metric
+from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
+from pipelinerl.platform.transport import Receiver, Sender
+from pipelinerl.platform.weights import WeightGroup
+from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
+from pipelinerl.workers.actor import Actor
 from tests.conftest import non_loopback_ipv4, wait_until, worker_port
 from tests.integration.test_behaviour_mismatch import check_behaviour_mismatch
 from tests.runs import Run
@@ -110,8 +121,6 @@ class GarbageRun(Run):
 def pipeline_run(tmp_path_factory, random_model_dir) -> GarbageRun:
     """Pipeline mode on the machine's network address (loopback where it has none), as a run across
     nodes has it; five steps, while three peers send the preprocessor garbage."""
-    from pipelinerl.platform.curve_keys import KEYS_DIR, run_keys
-
     host = non_loopback_ipv4()
     tmp_path = tmp_path_factory.mktemp("pipeline")
     config = small_config(
@@ -212,10 +221,6 @@ def test_a_run_beyond_loopback_is_encrypted_and_refuses_strangers(pipeline_run):
 @pytest.mark.timeout(900)
 def test_behaviour_mismatch_is_recorded_and_tracked(pipeline_run):
     """``rl/behaviour_mismatch``: the trainer's value equals a numpy recomputation, and MLflow has it."""
-    from mlflow.tracking import MlflowClient
-
-    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
-
     result = pipeline_run.result
     values = check_behaviour_mismatch(result)
     # Transformers engine and trainer, both float32 on the CPU: only summation order differs.
@@ -310,17 +315,6 @@ def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random
     The test plays the trainer's side with the platform's own sockets and weight group: it binds
     the weight PUB and the rollout PULL, hosts the weight group, and runs the real actor process.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from pipelinerl.launch.launcher import preflight
-    from pipelinerl.launch.stages import build_stages, stop_stages
-    from pipelinerl.platform.curve_keys import create_curve_keys, run_keys
-    from pipelinerl.platform.dtypes import dtype_name
-    from pipelinerl.platform.transport import Receiver, Sender
-    from pipelinerl.platform.weights import WeightGroup
-    from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
-
     config = small_config(tmp_path, random_model_dir, "run.mode=pipeline")
     preflight(config)
     run_dir = tmp_path / "actor-alone"
@@ -397,11 +391,6 @@ def in_process_actor_run(tmp_path_factory, random_model_dir) -> InProcessRun:
     learning rate than the default makes the change plain in the logits). Batches of one group (B=4)
     while 16 sequences are in flight, with ``transport.batches_ahead=1``: the actor finishes four
     steps' worth at once and is held back."""
-    from pipelinerl.launch.launcher import preflight
-    from pipelinerl.launch.stages import build_stages, stop_stages
-    from pipelinerl.platform.curve_keys import create_curve_keys
-    from pipelinerl.workers.actor import Actor
-
     tmp_path = tmp_path_factory.mktemp("in-process-actor")
     config = small_config(
         tmp_path,
@@ -432,9 +421,6 @@ def in_process_actor_run(tmp_path_factory, random_model_dir) -> InProcessRun:
 
 
 def test_actor_logits_equal_trainer_logits_after_updates(in_process_actor_run, random_model_dir):
-    import torch
-    from transformers import AutoModelForCausalLM
-
     actor, run_dir = in_process_actor_run.actor, in_process_actor_run.run_dir
     assert actor.engine.policy_version == in_process_actor_run.config.run.max_steps
     probe = torch.tensor([[1, 30, 31, 32, 40, 33, 34, 35, 36], [1, 41, 42, 43, 44, 45, 46, 47, 48]])

@@ -16,13 +16,17 @@ generator's run is the bfloat16 run with two eval sets.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
+from safetensors import safe_open
 
 from pipelinerl.launch.launcher import launch
 from pipelinerl.platform.config import ConfigError, load_config
 from pipelinerl.platform.tracking import metric_registry as metric
+from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
 from tests.conftest import worker_port
 from tests.runs import Run
 
@@ -126,10 +130,6 @@ def test_math_on_a_chat_model_of_each_family(family, request):
 )
 def test_held_out_evaluation_during_the_run_reaches_mlflow(mode, run_name, request):
     """eval.every=2 on the actor's own engine: eval/heldout/pass_at_1 at several versions, in MLflow."""
-    from mlflow.tracking import MlflowClient
-
-    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
-
     run: Run = request.getfixturevalue(run_name)
     config, result = run.config, run.result
     assert config.run.mode == mode
@@ -200,8 +200,6 @@ def test_reasoning_gym_generators_on_the_qwen_style_model(generator, request):
 
 
 def test_a_bfloat16_policy_trains_and_reaches_the_actor(gym_chain_sum_run):
-    from safetensors import safe_open
-
     result = gym_chain_sum_run.result
     assert result.summary["final_policy_version"] == 6
     weights = result.run_dir / "final" / "model.safetensors"
@@ -245,8 +243,6 @@ def test_bad_task_input_stops_the_run_before_any_process_starts(tmp_path, qwen_s
 
 
 def test_a_model_directory_without_a_tokenizer_is_named(tmp_path, random_model_dir):
-    import shutil
-
     bare = tmp_path / "model-without-tokenizer"
     bare.mkdir()
     for name in ("config.json", "model.safetensors"):

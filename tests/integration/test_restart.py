@@ -21,7 +21,9 @@ import psutil
 import pytest
 
 from pipelinerl.launch.launcher import RunResult, StageFailed, launch
-from pipelinerl.platform.checkpoint import checkpoint_dir, read_info
+from pipelinerl.platform.checkpoint import checkpoint_dir, read_info, read_trained
+from pipelinerl.platform.tracking.db import database_url
+from pipelinerl.platform.tracking.store import PlatformStore
 from tests.conftest import wait_until, worker_port
 from tests.integration.test_pipeline import small_config as pipeline_config
 
@@ -246,8 +248,6 @@ def test_the_run_directory_keeps_each_version_once_and_sets_the_discarded_aside(
 
 
 def test_no_rollout_is_trained_twice_and_each_checkpoint_knew_what_it_was_trained_on(restarted):
-    from pipelinerl.platform.checkpoint import read_trained
-
     records = restarted.records
     trained = [rollout_id for r in records for rollout_id, _ in r["rollouts"]]
     assert len(trained) == len(set(trained)) == MAX_STEPS * BATCH
@@ -262,9 +262,6 @@ def test_no_rollout_is_trained_twice_and_each_checkpoint_knew_what_it_was_traine
 
 def test_the_platform_database_holds_the_surviving_versions(restarted):
     """The surviving versions' statistics; the ledger holds exactly their rollouts."""
-    from pipelinerl.platform.tracking.db import database_url
-    from pipelinerl.platform.tracking.store import PlatformStore
-
     survivors = {r["policy_version"]: r for r in restarted.records}
     with PlatformStore(database_url(restarted.config)) as store:
         detail = store.get_run(restarted.run_id)

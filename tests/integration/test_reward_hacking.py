@@ -30,9 +30,12 @@ from typing import Any
 import psutil
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from pipelinerl.launch.launcher import launch
 from pipelinerl.platform.config import PipelineConfig, load_config
 from pipelinerl.tasks import get_task
+from pipelinerl.tasks.prompting import encode_problem, prompt_format
 from tests.conftest import free_port, wait_until
 from tests.exploit_policy import build_exploit_policy
 from tests.integration.test_authenticated_wire import listening
@@ -115,8 +118,6 @@ def stage_processes(run_dir: Path) -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def run(policy: ExploitPolicy, tmp_path_factory: pytest.TempPathFactory) -> LiveRun:
-    from pipelinerl.launch.launcher import launch
-
     tmp_path = tmp_path_factory.mktemp("exploit-run")
     config = run_config(policy, tmp_path)
     run_dir = (tmp_path / "runs" / "exploit").resolve()
@@ -154,10 +155,6 @@ def run(policy: ExploitPolicy, tmp_path_factory: pytest.TempPathFactory) -> Live
 def sampled_exploits(policy: Path, config: PipelineConfig, exploit: str, samples: int = 16) -> float:
     """The fraction of ``samples`` completions, sampled from ``policy`` at the actor's temperature after
     a train prompt, that contain ``exploit``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from pipelinerl.tasks.prompting import encode_problem, prompt_format
-
     tokenizer = AutoTokenizer.from_pretrained(policy)  # as the actor loads it
     model = AutoModelForCausalLM.from_pretrained(policy).eval()
     problem = get_task("reasoning_gym", generator="puzzle24").problems("train", 1, seed=1)[0]

@@ -31,9 +31,31 @@ from typing import Any, TypeVar
 import anyio
 import psutil
 import pytest
+from mlflow.tracking import MlflowClient
+from prefect.client.orchestration import PrefectClient
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    DeploymentFilter,
+    DeploymentFilterId,
+    FlowRunFilter,
+    FlowRunFilterName,
+    LogFilter,
+    LogFilterFlowRunId,
+)
+from prefect.client.schemas.objects import StateType
+from prefect.deployments import run_deployment
+from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.states import Cancelling
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
 
+from pipelinerl.flows.rl_run import rl_run
 from pipelinerl.flows.stack import StackError, down, group_members, read_state, state_path, up
 from pipelinerl.platform.config import load_config
+from pipelinerl.platform.tracking.store import PlatformStore
 from tests.browser import headless_chromium
 from tests.conftest import wait_until, worker_port
 
@@ -83,8 +105,6 @@ def stack(tmp_path_factory):
     # database does not exist; a run's tracker creates it. test_up asks before any run of this module
     # (an earlier module of the same test worker may or may not have made it): create it as a first
     # run would.
-    from pipelinerl.platform.tracking.store import PlatformStore
-
     with PlatformStore(os.environ["PIPELINERL_DATABASE_URL"]):
         pass
     started = time.monotonic()
@@ -107,7 +127,6 @@ def stack(tmp_path_factory):
 
 def prefect(state, work: Callable[[Any], Awaitable[T]]) -> T:
     """Run ``work(client)`` with a Prefect client of the stack's API."""
-    from prefect.client.orchestration import PrefectClient
 
     async def main() -> T:
         async with PrefectClient(state.prefect_api_url) as client:
@@ -138,7 +157,6 @@ def small_config(random_model_dir: Path, tmp_path: Path, max_steps: int) -> dict
 
 def role_flow_runs(state, run_dir: Path) -> list:
     """The ``rl-role`` flow runs of a run placed on the pools (named ``<run-id>-<role><node>``)."""
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
     async def work(client):
         return await client.read_flow_runs(
@@ -149,8 +167,6 @@ def role_flow_runs(state, run_dir: Path) -> list:
 
 
 def submit(state, parameters: dict[str, Any], deployment: str = "rl-run/default") -> str:
-    from prefect.deployments import run_deployment
-
     async def work(client):
         flow_run = await run_deployment(
             deployment, client=client, parameters=parameters, timeout=0, as_subflow=False
@@ -194,8 +210,6 @@ def worker_log(state) -> str:
 
 def flow_run_log_records(state, flow_run_id: str) -> list:
     """Every log record of the flow run in Prefect (its own and its stages'), oldest first."""
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
     page = 200
 
     async def work(client):
@@ -225,7 +239,6 @@ def flow_run_logs(state, flow_run_id: str, lines: int = 40) -> str:
 
 def artifacts_of(state, flow_run_id: str) -> dict[str, Any]:
     """The flow run's Prefect artifacts by key (the latest of each)."""
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     async def work(client):
         return await client.read_artifacts(
@@ -236,8 +249,6 @@ def artifacts_of(state, flow_run_id: str) -> dict[str, Any]:
 
 
 def mlflow_runs_of(state, flow_run_id: str) -> list:
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(tracking_uri=state.mlflow_url)
     experiments = [e.experiment_id for e in client.search_experiments()]
     return client.search_runs(experiments, filter_string=f"tags.prefect_flow_run_id = '{flow_run_id}'")
@@ -357,10 +368,6 @@ def test_a_taken_port_fails_at_once_naming_it(tmp_path):
 @pytest.fixture(scope="module")
 def form_deployment_id(stack) -> str:
     """rl-run deployed as ``rl-run/form-check`` on no work pool: its flow runs are created, never run."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from pipelinerl.flows.rl_run import rl_run
-
     with temporary_settings(updates={PREFECT_API_URL: stack.prefect_api_url}):
         return str(rl_run.to_deployment(name="form-check").apply())
 
@@ -380,8 +387,6 @@ def artifacts() -> Path:
 
 
 def form_flow_runs(state, deployment_id: str) -> list[Any]:
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-
     return prefect(
         state,
         lambda client: client.read_flow_runs(
@@ -393,10 +398,6 @@ def form_flow_runs(state, deployment_id: str) -> list[Any]:
 def form_field(browser: Any, label: str, description: str) -> Any:
     """The form property labelled ``label`` whose description is ``description`` (labels repeat across
     sections): its element, the one holding its input and its error."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
-    from selenium.webdriver.support.ui import WebDriverWait
-
     header = "./div[contains(@class,'p-label__header')]"
     xpath = (
         "//div[contains(@class,'schema-form-property')]"
@@ -412,17 +413,12 @@ def form_field(browser: Any, label: str, description: str) -> Any:
 
 
 def type_into(element: Any, text: str) -> None:
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-
     control = element.find_element(By.XPATH, "./div[contains(@class,'p-label__body')]//input")
     control.send_keys(Keys.CONTROL, "a")
     control.send_keys(text)
 
 
 def press_submit(browser: Any) -> None:
-    from selenium.webdriver.common.by import By
-
     (button,) = browser.find_elements(By.XPATH, "//button[normalize-space()='Submit']")
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", button)
     button.click()
@@ -559,8 +555,6 @@ def cancelled_run(stack, random_model_dir, tmp_path_factory, pools_submitted) ->
     """The same deployment with the default local placement (its stages' logs go to the rl-run flow
     run itself), cancelled through the API once it trains. Submitted after the pools run, which
     trains meanwhile."""
-    from prefect.states import Cancelling
-
     directory = tmp_path_factory.mktemp("cancelled-run")
     flow_run_id = submit(stack, {"config": small_config(random_model_dir, directory, max_steps=200)})
     runs = directory / "runs"
@@ -605,8 +599,6 @@ def test_the_mlflow_link_is_published_while_the_run_runs(cancelled_run):
 
 
 def test_cancelling_a_flow_run_ends_it_cancelled(stack, cancelled_run):
-    from prefect.client.schemas.objects import StateType
-
     assert cancelled_run.answer.status.value == "ACCEPT", cancelled_run.answer
     final = cancelled_run.final
     assert final.state.type == StateType.CANCELLED, f"{final.state}\n{worker_log(stack)}"

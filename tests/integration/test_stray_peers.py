@@ -26,6 +26,8 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from pipelinerl.launch.launcher import launch
+from pipelinerl.platform.config import load_config
 from pipelinerl.platform.transport import MessagesLost, Receiver, Sender
 from pipelinerl.platform.wire import Shutdown
 from tests.conftest import wait_until, worker_port
@@ -190,9 +192,6 @@ def hammered(tmp_path_factory: pytest.TempPathFactory, random_model_dir: Path) -
     """Plain TCP clients hammer the rollout PULL, the trainer inbox PUSH, the notice PUB, the weight
     group's store and the trainer ranks' store for the whole run: a conventional run of rounds of two
     steps, generated before they are trained (``train_during_round=false``), ending inside a round."""
-    from pipelinerl.launch.launcher import launch
-    from pipelinerl.platform.config import load_config
-
     tmp_path = tmp_path_factory.mktemp("hammered")
     config = load_config(
         None,

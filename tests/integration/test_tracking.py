@@ -25,11 +25,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from pipelinerl.launch.launcher import RunResult, launch
 from pipelinerl.platform.checkpoint import read_info
 from pipelinerl.platform.config import load_config
+from pipelinerl.platform.jsonl import JsonlTail
+from pipelinerl.platform.tracking.db import database_url
+from pipelinerl.platform.tracking.liveness import start_ticks, this_process
 from pipelinerl.platform.tracking.metric_registry import declaration
+from pipelinerl.platform.tracking.mlflow_store import MlflowStore, mlflow_uri
+from pipelinerl.platform.tracking.run_tracker import RunTracker
+from pipelinerl.platform.tracking.store import PlatformStore
+from pipelinerl.ui.mlflow_reader import MlflowReader
+from pipelinerl.ui.queries import PlatformReader, RunFilter
+from pipelinerl.ui.service import Dashboard
 from tests.conftest import free_port, wait_until, worker_port
 
 # The module's runs are set up by their first tests (the second waits out a server outage): room for
@@ -74,10 +84,6 @@ def tracked(tracked_command):
     config, run_dir, _ = tracked_command
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     result = RunResult(run_dir, json.loads((run_dir / "summary.json").read_text()), records)
-    from mlflow.tracking import MlflowClient
-
-    from pipelinerl.platform.tracking.db import database_url
-    from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
 
     client = MlflowClient(tracking_uri=mlflow_uri(config))
     mlflow_run_id = (result.run_dir / "mlflow_run_id").read_text()
@@ -180,7 +186,6 @@ def test_checkpoints_are_logged_models_with_their_version(tracked):
 
 def test_platform_database_holds_the_run(tracked):
     _, result, _, run, url = tracked
-    from pipelinerl.platform.tracking.store import PlatformStore
 
     store = PlatformStore(url)
     detail = store.get_run(result.run_dir.name)
@@ -210,14 +215,6 @@ def test_resume_from_a_checkpoint(served):
 
 def test_the_same_records_track_to_postgresql(tracked, postgres_url, second_postgres_url):
     """MLflow and the platform tables on a real PostgreSQL database, fed the run's own records."""
-    import time
-
-    from mlflow.tracking import MlflowClient
-
-    from pipelinerl.platform.jsonl import JsonlTail
-    from pipelinerl.platform.tracking.run_tracker import RunTracker
-    from pipelinerl.platform.tracking.store import PlatformStore
-
     config, result, _, _, _ = tracked
     on_postgres = config.model_copy(
         update={
@@ -384,8 +381,6 @@ def served(tmp_path_factory, tracked) -> Iterator[Served]:
 
 def test_a_tracking_server_that_goes_away_mid_run(served):
     """The run keeps training while the server is down, says so, and writes everything once it is back."""
-    from mlflow.tracking import MlflowClient
-
     result = served.result
     assert result.summary["steps"] == SERVED_STEPS - 2
     assert "tracking store unreachable" in served.logs.text
@@ -399,11 +394,6 @@ def test_a_tracking_server_that_goes_away_mid_run(served):
 
 def test_the_same_records_track_to_a_tracking_server(tracked, served, tmp_path):
     """``tracking.mlflow_uri=http://...``: records and figures reach a real server."""
-    from mlflow.tracking import MlflowClient
-
-    from pipelinerl.platform.jsonl import JsonlTail
-    from pipelinerl.platform.tracking.run_tracker import RunTracker
-
     config, result, _, _, _ = tracked
     on_server = with_tracking(
         config, mlflow_uri=served.uri, database_url=f"sqlite:///{tmp_path / 'platform.db'}"
@@ -425,14 +415,6 @@ def test_the_same_records_track_to_a_tracking_server(tracked, served, tmp_path):
 def test_a_run_whose_launcher_died_is_marked_crashed_and_caught_up_by_the_dashboard(tracked, tmp_path):
     """The stores hold one version of a run whose directory holds all; its launcher's process is gone.
     The dashboard's next runs listing marks it crashed, writes the rest and ends its MLflow run."""
-    from pipelinerl.platform.jsonl import JsonlTail
-    from pipelinerl.platform.tracking.liveness import start_ticks, this_process
-    from pipelinerl.platform.tracking.mlflow_store import MlflowStore, mlflow_uri
-    from pipelinerl.platform.tracking.store import PlatformStore
-    from pipelinerl.ui.mlflow_reader import MlflowReader
-    from pipelinerl.ui.queries import PlatformReader, RunFilter
-    from pipelinerl.ui.service import Dashboard
-
     config, result, client, _, _ = tracked
     database = f"sqlite:///{tmp_path / 'platform.db'}"
     records = JsonlTail(result.run_dir / "metrics.jsonl").read()

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pipelinerl.workers.engines.transformers_engine import TransformersEngine
+from tests.conftest import build_random_model_dir
 
 EOS = 2
 
@@ -62,8 +63,6 @@ def recompute(old, new, prompt: list[int], tokens: list[int], switch: int) -> li
 
 
 def test_in_flight_update_keeps_sequences_and_stamps_exact_versions(random_model_dir, tmp_path):
-    from tests.conftest import build_random_model_dir
-
     model = load(random_model_dir)
     old = load(random_model_dir)
     new = load(build_random_model_dir(tmp_path / "other", seed=1))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 
@@ -300,9 +302,6 @@ def test_close_is_idempotent(context: zmq.Context) -> None:
 
 
 def test_curve_keys_are_written_once_with_private_secrets(tmp_path) -> None:
-    import os
-    import stat
-
     directory = create_curve_keys(tmp_path)
     secret = directory / "client.key_secret"
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700

@@ -15,14 +15,18 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from PIL import Image
 
+from pipelinerl.launch.compare import run_comparison
 from pipelinerl.platform.config import PipelineConfig, load_config
+from pipelinerl.platform.tracking.store import PlatformStore
 from pipelinerl.ui.app import UiSettings, create_app, settings_from_config
 from pipelinerl.ui.load_benchmark import BackgroundServer
 from tests.browser import headless_chromium
@@ -59,8 +63,6 @@ class Comparison:
 
 @pytest.fixture(scope="module")
 def comparison(tmp_path_factory: pytest.TempPathFactory, random_model_dir: Path) -> Iterator[Comparison]:
-    from pipelinerl.launch.compare import run_comparison
-
     root = tmp_path_factory.mktemp("ui-run")
     config = load_config(
         None,
@@ -146,8 +148,6 @@ def screenshot(browser: Any, artifacts: Path, name: str) -> Path:
 
 def colour_pixels(png: Path, browser: Any, element_id: str, colour: str, tolerance: int = 40) -> int:
     """Pixels of ``colour`` (#rrggbb) inside the element: the chart's traces are really drawn."""
-    from PIL import Image
-
     rect = browser.find_element("id", element_id).rect
     scale = browser.execute_script("return window.devicePixelRatio") or 1
     with Image.open(png) as image:
@@ -317,10 +317,6 @@ def test_an_unknown_run_says_so(server: BackgroundServer, browser: Any) -> None:
 
 
 def test_an_unreachable_database_gives_a_banner_and_the_page_recovers(tmp_path: Path, browser: Any) -> None:
-    from datetime import UTC, datetime
-
-    from pipelinerl.platform.tracking.store import PlatformStore
-
     database = tmp_path / "not-yet" / "platform.db"
     url = f"sqlite:///{database}"
     with BackgroundServer(UiSettings(database_url=url, poll_interval_s=1.0), DEAD_DATABASE_PORT) as dead:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -57,8 +58,6 @@ def test_pipelinerl_ui_serves_the_database_it_is_given(tmp_path: Path) -> None:
 
 
 def test_a_port_in_use_is_one_clear_error(tmp_path: Path) -> None:
-    import socket
-
     with socket.socket() as holder:
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("127.0.0.1", TAKEN_PORT))

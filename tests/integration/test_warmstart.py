@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipelinerl.launch.warmstart import (
@@ -118,12 +122,6 @@ def test_concurrent_processes_train_one_warm_start_and_share_it(tmp_path: Path) 
     The interleaving is arranged, not hoped for: the test holds the warm start's lock until both
     processes have said they are waiting for it, then lets them go.
     """
-    import subprocess
-    import sys
-    import time
-
-    from filelock import FileLock
-
     script = (
         "import json, sys\n"
         "from rich.console import Console\n"

@@ -3,13 +3,17 @@ and receive every tensor bit for bit, whatever the bucket size."""
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
-from pipelinerl.platform.weights import MIB, WeightGroup, weight_backend
+from pipelinerl.platform.weights import MIB, TERMS_KEY, WeightGroup, weight_backend
 from tests.conftest import worker_port
 
 PORT = 28200  # 28200-28219
@@ -87,13 +91,6 @@ def test_the_leader_sends_and_members_receive_never_the_other_way():
 
 def test_a_member_on_the_cpu_refuses_an_nccl_group_naming_the_setting():
     """The terms reach the member before any NCCL call: a CPU member (or leader) says what to change."""
-    import json
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    from pipelinerl.platform.weights import TERMS_KEY
-
     port = worker_port(PORT + 6)
     store = dist.TCPStore(
         "127.0.0.1", port, 2, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False
@@ -155,8 +152,6 @@ def _member(port: int, backend: str, shapes: list, dtypes: list, results: Any) -
 @pytest.mark.parametrize(("backend", "gpus"), [("ipc", 1), ("nccl", 2)])
 def test_gpu_members_receive_every_tensor_exactly(backend, gpus):
     """ipc: the trainer and a member share GPU 0 (cluster.colocate); nccl: the member on GPU 1."""
-    import multiprocessing
-
     if torch.cuda.device_count() < gpus:
         pytest.skip(f"{backend} between two processes needs {gpus} GPU(s), found {torch.cuda.device_count()}")
     port = worker_port(PORT + 10 + gpus)

@@ -22,12 +22,13 @@ import time
 import traceback
 from typing import Any
 
+from pipelinerl.workers.engines.vllm_engine import VLLMEngine, WeightGroupAddress
+
 
 def main() -> None:
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # vLLM's output, children's too, to stderr
-
-    from pipelinerl.workers.engines.vllm_engine import VLLMEngine, WeightGroupAddress
+    import vllm  # noqa: PLC0415 (after the dup2: vLLM logs to stdout as it is imported)
 
     engine: VLLMEngine | None = None
     for line in sys.stdin:
@@ -61,8 +62,6 @@ def main() -> None:
             elif name == "set":
                 engine.kv_cache_on_update = command["kv_cache_on_update"]
             elif name == "status":
-                import vllm
-
                 answer["vllm_version"] = vllm.__version__
                 answer["policy_version"] = engine.policy_version
                 answer["in_flight"] = engine.num_in_flight

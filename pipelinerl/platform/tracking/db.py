@@ -26,6 +26,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from alembic import command
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -49,8 +54,6 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 if TYPE_CHECKING:
-    from alembic.config import Config
-
     from pipelinerl.platform.config import PipelineConfig
 
 ENV_DATABASE_URL = "PIPELINERL_DATABASE_URL"
@@ -304,8 +307,6 @@ def make_engine(url: str, *, enforce_foreign_keys: bool = True) -> Engine:
 @contextlib.contextmanager
 def translate_errors(url: str | URL) -> Iterator[None]:
     """Turn connection and migration failures into one :class:`PlatformDatabaseError` line."""
-    from alembic.util import CommandError
-
     try:
         yield
     except (OperationalError, InterfaceError) as error:
@@ -319,8 +320,6 @@ def translate_errors(url: str | URL) -> Iterator[None]:
 
 def alembic_config(url: str) -> Config:
     """Alembic's configuration for ``url``, built in code (no ``alembic.ini`` needed)."""
-    from alembic.config import Config
-
     if not (MIGRATIONS_DIR / "env.py").is_file():
         raise PlatformDatabaseError(
             f"the migrations directory {str(MIGRATIONS_DIR)!r} is missing; install pipelinerl from its "
@@ -365,8 +364,6 @@ def _migration_lock(url: str) -> Iterator[None]:
 
 def upgrade(url: str, revision: str = "head") -> None:
     """Migrate the database at ``url`` up to ``revision`` (creating the tables on a fresh one)."""
-    from alembic import command
-
     config = alembic_config(url)
     with translate_errors(url), _ALEMBIC_LOCK, _migration_lock(url):
         command.upgrade(config, revision)
@@ -374,8 +371,6 @@ def upgrade(url: str, revision: str = "head") -> None:
 
 def downgrade(url: str, revision: str) -> None:
     """Migrate the database at ``url`` down to ``revision`` (``base`` drops every platform table)."""
-    from alembic import command
-
     config = alembic_config(url)
     with translate_errors(url), _ALEMBIC_LOCK, _migration_lock(url):
         command.downgrade(config, revision)
@@ -383,8 +378,6 @@ def downgrade(url: str, revision: str) -> None:
 
 def current_revision(url: str) -> str | None:
     """The revision the database at ``url`` is at; None for a database never migrated."""
-    from alembic.migration import MigrationContext
-
     engine = make_engine(url)
     try:
         with translate_errors(url), engine.connect() as connection:
@@ -397,8 +390,6 @@ def current_revision(url: str) -> str | None:
 
 def head_revision() -> str:
     """The newest revision the migrations directory holds."""
-    from alembic.script import ScriptDirectory
-
     config = alembic_config("sqlite://")
     head = ScriptDirectory.from_config(config).get_current_head()
     if head is None:

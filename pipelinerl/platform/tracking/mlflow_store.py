@@ -10,6 +10,8 @@ import logging
 import os
 import re
 import subprocess
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,9 +115,6 @@ PROBE_TIMEOUT_S = 5.0
 def check_reachable(uri: str, what: str = "MLflow store") -> None:
     """Fail at once, with a clear message, when ``uri`` cannot be reached (server or database)."""
     if uri.startswith(("http://", "https://")):
-        import urllib.error
-        import urllib.request
-
         try:
             with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S):
                 return

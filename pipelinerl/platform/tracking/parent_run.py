@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.tracking.db import database_url
 from pipelinerl.platform.tracking.mlflow_store import (
     MLFLOW_STATUS,
     MetricPoint,
@@ -17,6 +18,7 @@ from pipelinerl.platform.tracking.mlflow_store import (
     mlflow_uri,
     param_items,
 )
+from pipelinerl.platform.tracking.store import PlatformStore
 
 
 class ParentRun:
@@ -34,9 +36,6 @@ class ParentRun:
         tags: Mapping[str, str] | None = None,
         prefect_flow_run_id: str | None = None,
     ) -> None:
-        from pipelinerl.platform.tracking.db import database_url
-        from pipelinerl.platform.tracking.store import PlatformStore
-
         self.run_id = run_id
         self.store = PlatformStore(database_url(config))
         self.mlflow = MlflowStore(mlflow_uri(config), artifact_root(config))

@@ -34,6 +34,7 @@ from typing import Any
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.restart_records import Discarded
 from pipelinerl.platform.tracking import metric_registry as registry
+from pipelinerl.platform.tracking.db import database_url
 from pipelinerl.platform.tracking.liveness import HEARTBEAT_S, this_process
 from pipelinerl.platform.tracking.metrics import (
     actor_metrics,
@@ -53,6 +54,7 @@ from pipelinerl.platform.tracking.mlflow_store import (
     param_items,
     run_tags,
 )
+from pipelinerl.platform.tracking.store import PlatformStore
 
 logger = logging.getLogger("pipelinerl.tracking")
 
@@ -133,9 +135,6 @@ class RunTracker:
 
     def start(self, model_path: Path, started_at: float) -> str:
         """Create the MLflow run and the database row; returns the MLflow run id."""
-        from pipelinerl.platform.tracking.db import database_url
-        from pipelinerl.platform.tracking.store import PlatformStore
-
         config = self.config
         if mlflow_uri(config) == database_url(config):
             raise TrackingError(
@@ -455,7 +454,7 @@ class RunTracker:
             self._writes.append(lambda: self.store.record_policy_version(self.run_id, version, **values))
 
     def _log_figures(self) -> None:
-        from pipelinerl.platform.tracking import figures
+        from pipelinerl.platform.tracking import figures  # noqa: PLC0415 (matplotlib: the dashboard and `runs list` import this via catch_up)
 
         records = self.seen.trainer_records
         if not records or self.mlflow is None or self.mlflow_run_id is None:

@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Select, delete, func, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from pipelinerl.platform.tracking.db import (
@@ -207,8 +209,6 @@ class PlatformStore:
         heartbeat; returns them (as they are now). ``liveness`` judges a run's launcher
         (``liveness.liveness_here``): "gone" is a crash at once, "alive" never is, "unknown" is one when
         the heartbeat stopped more than ``stale_after_s`` before ``now``."""
-        from datetime import timedelta
-
         cutoff = now - timedelta(seconds=stale_after_s)
         with self._transaction() as session:
             running = session.scalars(select(Run).where(Run.status == "running")).all()
@@ -460,12 +460,8 @@ def _insert(session: Session, entity: type[Base]) -> Any:
     """The backend's INSERT, which has ``on_conflict_do_update`` / ``on_conflict_do_nothing``."""
     backend = session.get_bind().dialect.name
     if backend == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-
         return postgresql_insert(entity)
     if backend == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
         return sqlite_insert(entity)
     raise PlatformDatabaseError(f"unsupported database backend {backend!r}; use SQLite or PostgreSQL")
 

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from pipelinerl.platform.weights import WeightGroup
+
 EXTENSION = "pipelinerl.workers.engines.vllm_extension.WeightGroupExtension"
 
 
@@ -50,9 +52,7 @@ class WeightGroupExtension:
         receives the full tensors (``reload_weights`` shards them), so an engine of TP size t takes t
         ranks of the group.
         """
-        from vllm.distributed import get_tensor_model_parallel_rank
-
-        from pipelinerl.platform.weights import WeightGroup
+        from vllm.distributed import get_tensor_model_parallel_rank  # noqa: PLC0415 (optional: vLLM, present in its workers)
 
         rank = first_rank + get_tensor_model_parallel_rank()
         device = self.device  # type: ignore[attr-defined]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from pipelinerl.bench.actor_rate import actor_rate_from_run_dir
+
 
 def test_actor_rate_from_a_run_directory(tmp_path: Path) -> None:
-    from pipelinerl.bench.actor_rate import actor_rate_from_run_dir
-
     actor_records = [
         {"time": 100.0, "actor/tokens_generated": 1_000},
         {"time": 110.0, "actor/tokens_generated": 6_000},

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from pipelinerl.bench.engine_factories import ENGINES
 from pipelinerl.bench.engine_measure import GenerationStats, WeightUpdates, run_continuous
 from pipelinerl.bench.engine_workload import EngineBenchSettings, build_workload
@@ -15,8 +17,6 @@ def test_the_first_update_lands_once_sequences_are_in_flight_however_long_the_in
     """An interval far longer than the run still gives one update, applied while the workload was
     being generated (the engine's version moved, every sequence finished): a fast engine cannot
     finish a run with updates before the first one, which would measure nothing."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     settings = EngineBenchSettings.quick(update_interval_s=3600.0)
     workload = build_workload(AutoTokenizer.from_pretrained(random_model_dir), settings)
     engine, sender = ENGINES["transformers"](random_model_dir, workload, settings)

@@ -14,6 +14,8 @@ from pipelinerl.bench.learning import (
     paper_figure_runs,
     readable_label,
     redraw_paper_figures,
+    results_from_record,
+    retarget,
     split_cores,
     success_curve,
     summarize_bench,
@@ -216,8 +218,6 @@ def test_summary_takes_medians_of_per_seed_ratios_and_names_the_headline_keys():
 
 
 def test_each_seed_is_timed_to_its_own_start_plus_the_gain():
-    from pipelinerl.bench.learning import results_from_record, retarget
-
     low = dataclasses.replace(
         result("pipeline", 1, None, 1.0), points=[(0.0, 0, 0.33), (10.0, 320, 0.36), (20.0, 640, 0.40)]
     )

@@ -19,6 +19,13 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from prefect.client.schemas.objects import FlowRun
+from prefect.server.schemas.actions import validate_base_job_template
+from prefect.utilities.schema_tools.validation import ValidationError, is_valid_schema, validate
+from prefect.utilities.templating import apply_values, find_placeholders
+
+from pipelinerl.flows.deploy import DEPLOYMENTS, LAUNCH_POOL
+from pipelinerl.platform.config import PORTS, TransportConfig
 
 ROOT = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -251,9 +258,6 @@ def _defaults(template: dict[str, Any]) -> dict[str, Any]:
 
 def _render(template: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     """What a worker builds its job from: the defaults, overridden by the run's job variables."""
-    from prefect.utilities.schema_tools.validation import validate
-    from prefect.utilities.templating import apply_values
-
     variables = _defaults(template) | values
     validate(variables, template["variables"], raise_on_error=True, allow_none_with_default=True)
     return apply_values(copy.deepcopy(template["job_configuration"]), variables)
@@ -261,9 +265,6 @@ def _render(template: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("kind", sorted(TEMPLATES))
 def test_template_passes_prefects_own_checks(kind):
-    from prefect.server.schemas.actions import validate_base_job_template
-    from prefect.utilities.schema_tools.validation import is_valid_schema, validate
-
     template = _load(kind)
     assert set(template) == {"job_configuration", "variables"}
     validate_base_job_template(template)  # what the server runs on `prefect work-pool create`
@@ -279,8 +280,6 @@ def test_template_passes_prefects_own_checks(kind):
 
 @pytest.mark.parametrize("kind", sorted(TEMPLATES))
 def test_every_placeholder_has_a_variable_and_every_variable_is_used(kind):
-    from prefect.utilities.templating import find_placeholders
-
     template = _load(kind)
     used = {placeholder.name for placeholder in find_placeholders(template["job_configuration"])}
     declared = set(template["variables"]["properties"])
@@ -290,8 +289,6 @@ def test_every_placeholder_has_a_variable_and_every_variable_is_used(kind):
 
 @pytest.mark.parametrize("kind", sorted(TEMPLATES))
 def test_template_renders_without_leftover_placeholders(kind):
-    from prefect.utilities.templating import find_placeholders
-
     rendered = _render(_load(kind), RUN_VARIABLES)
     assert not find_placeholders(rendered)
     # Plain JSON all the way down (a value left unset would be Prefect's NotSet sentinel).
@@ -301,8 +298,6 @@ def test_template_renders_without_leftover_placeholders(kind):
 
 @pytest.mark.parametrize("kind", sorted(TEMPLATES))
 def test_image_is_required(kind):
-    from prefect.utilities.schema_tools.validation import ValidationError
-
     template = _load(kind)
     assert template["variables"]["required"] == ["image"]
     without_image = {key: value for key, value in RUN_VARIABLES.items() if key != "image"}
@@ -330,8 +325,6 @@ def test_kubernetes_job_requests_gpus_and_a_memory_backed_shm():
 
 
 def test_kubernetes_nodes_is_the_roles_node_count():
-    from prefect.utilities.schema_tools.validation import ValidationError
-
     manifest = _render(_load("kubernetes"), RUN_VARIABLES | {"nodes": 4})["job_manifest"]
     assert manifest["metadata"]["annotations"]["pipelinerl.io/topology"] == "4x8"
     with pytest.raises(ValidationError, match="nodes"):
@@ -339,8 +332,6 @@ def test_kubernetes_nodes_is_the_roles_node_count():
 
 
 def test_prefect_yaml_declares_the_same_deployments_as_deploy_py():
-    from pipelinerl.flows.deploy import DEPLOYMENTS, LAUNCH_POOL
-
     declared = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
     assert sorted((d["entrypoint"], d["name"], d["work_pool"]["name"]) for d in declared) == sorted(
         (spec.entrypoint, spec.name, spec.pool or LAUNCH_POOL) for spec in DEPLOYMENTS
@@ -362,7 +353,6 @@ def test_docker_container_gets_nvidia_gpus_and_shm():
 
 def test_kubernetes_worker_accepts_the_rendered_job():
     worker = pytest.importorskip("prefect_kubernetes.worker", reason="prefect-kubernetes is not installed")
-    from prefect.client.schemas.objects import FlowRun
 
     configuration = worker.KubernetesWorkerJobConfiguration(**_render(_load("kubernetes"), RUN_VARIABLES))
     configuration.prepare_for_flow_run(FlowRun(name="brave-otter", flow_id="0" * 32))
@@ -382,8 +372,6 @@ def test_docker_worker_accepts_the_rendered_container():
 
 
 def test_cluster_guide_names_the_templates_and_the_transport_ports():
-    from pipelinerl.platform.config import PORTS, TransportConfig
-
     text = CLUSTER_DOC.read_text()
     for kind, path in TEMPLATES.items():
         template = re.escape(path.relative_to(ROOT).as_posix())
@@ -396,8 +384,6 @@ def test_cluster_guide_names_the_templates_and_the_transport_ports():
 
 
 def test_compose_has_a_worker_for_the_launch_pool_the_run_deployments_use(compose):
-    from pipelinerl.flows.deploy import LAUNCH_POOL
-
     launchers = [
         name
         for name, service in compose["services"].items()

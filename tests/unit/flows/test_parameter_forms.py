@@ -3,12 +3,16 @@ described, choices as dropdowns, bounds, and no description hiding a placeholder
 
 from __future__ import annotations
 
+import re
+
+from prefect.utilities.callables import parameter_schema
+
+from pipelinerl.flows.compare import compare
 from pipelinerl.flows.rl_run import rl_run
+from pipelinerl.flows.sweep import sweep
 
 
 def test_parameter_form_shows_config_fields_with_descriptions():
-    from prefect.utilities.callables import parameter_schema
-
     schema = parameter_schema(rl_run).model_dump()
     definitions = schema["definitions"]
     run_section = definitions["RunConfig"]["properties"]
@@ -32,13 +36,6 @@ def test_parameter_form_shows_config_fields_with_descriptions():
 
 def test_every_form_parameter_is_described_and_no_description_hides_a_placeholder():
     """Prefect's form renders descriptions as markdown, where ``<run-id>`` is swallowed as a tag."""
-    import re
-
-    from prefect.utilities.callables import parameter_schema
-
-    from pipelinerl.flows.compare import compare
-    from pipelinerl.flows.sweep import sweep
-
     for flow in (rl_run, compare, sweep):
         schema = parameter_schema(flow).model_dump()
         for name, parameter in schema["properties"].items():

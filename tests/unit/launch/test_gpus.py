@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelinerl.launch import stages as stages_module
 from pipelinerl.launch.gpus import (
     GpuPlanError,
     actor_gpu_pool,
@@ -112,8 +113,6 @@ def test_trainer_ranks_take_a_gpu_each_first() -> None:
 def test_on_a_gpu_node_the_trainer_takes_the_first_gpus_and_the_actors_the_next(
     tmp_path: Path, monkeypatch
 ) -> None:
-    import pipelinerl.launch.stages as stages_module
-
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
     monkeypatch.setattr(stages_module, "torch_sees_cuda", lambda: True)
     config = load_config(None, ["actor.engine=vllm", "actor.num_actors=2", "actor.python=/bin/python3"])
@@ -156,8 +155,6 @@ COLOCATED = [
 
 
 def test_colocated_the_actor_runs_on_the_trainer_s_one_gpu(tmp_path: Path, monkeypatch) -> None:
-    import pipelinerl.launch.stages as stages_module
-
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setattr(stages_module, "torch_sees_cuda", lambda: True)
     stages = {stage.name: stage for stage in build_stages(load_config(None, COLOCATED), tmp_path, tmp_path)}

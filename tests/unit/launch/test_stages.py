@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from pipelinerl.launch.stages import assignment, build_stages
+from pipelinerl.launch import stages as stages_module
+from pipelinerl.launch.actor_env import check_actor_interpreter, vllm_release
+from pipelinerl.launch.launcher import check_cpus
+from pipelinerl.launch.stages import Stage, StallWatch, assignment, build_stages
 from pipelinerl.platform.config import ConfigError, load_config
 
 
@@ -77,30 +82,21 @@ def test_a_second_trainer_node_gets_global_ranks_and_local_ranks(tmp_path: Path)
 
 
 def test_the_actor_interpreter_must_exist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    import sys
-
-    from pipelinerl.launch import stages
-    from pipelinerl.launch.actor_env import check_actor_interpreter
-
     check_actor_interpreter(config())  # this interpreter
     with pytest.raises(ConfigError, match="actor.python='/nowhere/python' does not exist"):
         check_actor_interpreter(config("actor.python=/nowhere/python"))
-    monkeypatch.setattr(stages, "vllm_python", lambda: tmp_path / ".venv-vllm" / "bin" / "python")
+    monkeypatch.setattr(stages_module, "vllm_python", lambda: tmp_path / ".venv-vllm" / "bin" / "python")
     vllm = config("actor.engine=vllm")
-    assert stages.actor_interpreter(vllm) == str(tmp_path / ".venv-vllm" / "bin" / "python")
+    assert stages_module.actor_interpreter(vllm) == str(tmp_path / ".venv-vllm" / "bin" / "python")
     with pytest.raises(ConfigError, match="make vllm-env"):
         check_actor_interpreter(vllm)
     assert (
-        stages.actor_interpreter(config("actor.engine=vllm", f"actor.python={sys.executable}"))
+        stages_module.actor_interpreter(config("actor.engine=vllm", f"actor.python={sys.executable}"))
         == sys.executable
     )
 
 
 def test_actor_and_trainer_cores(tmp_path: Path):
-    import os
-
-    from pipelinerl.launch.launcher import check_cpus
-
     pinned = config("actor.cpus=[0]", "trainer.cpus=[1]")
     stages = {s.name: s.cpus for s in build_stages(pinned, tmp_path, tmp_path / "model")}
     assert stages == {"trainer0": (1,), "preprocessor": (1,), "actor0": (0,)}
@@ -115,11 +111,6 @@ def test_actor_and_trainer_cores(tmp_path: Path):
 
 
 def test_a_pinned_stage_runs_on_its_core(tmp_path: Path):
-    import os
-    import sys
-
-    from pipelinerl.launch.stages import Stage
-
     core = min(os.sched_getaffinity(0))
     stage = Stage(
         "probe",
@@ -134,8 +125,6 @@ def test_a_pinned_stage_runs_on_its_core(tmp_path: Path):
 
 
 def test_the_stall_watch_counts_from_the_last_new_version_and_names_it():
-    from pipelinerl.launch.stages import StallWatch
-
     watch = StallWatch(timeout_s=60, started=1000.0)
     assert watch.stalled_for(1059.0) is None
     assert watch.stalled_for(1061.0) == 61.0
@@ -165,8 +154,6 @@ def fake_python(directory: Path, prints: str, code: int = 0) -> str:
     ],
 )
 def test_a_vllm_release_the_engine_cannot_run_is_refused_naming_it(tmp_path: Path, prints, code, message):
-    from pipelinerl.launch.actor_env import check_actor_interpreter
-
     python = fake_python(tmp_path, prints, code)
     with pytest.raises(ConfigError, match=message):
         check_actor_interpreter(config("actor.engine=vllm", f"actor.python={python}"))
@@ -174,19 +161,14 @@ def test_a_vllm_release_the_engine_cannot_run_is_refused_naming_it(tmp_path: Pat
 
 @pytest.mark.parametrize("version", ["0.26.0", "0.27.0+cpu", "0.32.0", "0.32.0+cpu", "0.40.1", "1.0.0"])
 def test_supported_vllm_releases_pass(tmp_path: Path, version: str):
-    from pipelinerl.launch.actor_env import check_actor_interpreter, vllm_release
-
     check_actor_interpreter(config("actor.engine=vllm", f"actor.python={fake_python(tmp_path, version)}"))
     assert vllm_release(version) is not None
 
 
 def test_the_vllm_environment_this_checkout_builds_passes():
-    from pipelinerl.launch import stages
-    from pipelinerl.launch.actor_env import check_actor_interpreter
-
-    if not stages.vllm_python().is_file():
+    if not stages_module.vllm_python().is_file():
         pytest.skip("no .venv-vllm here (make vllm-env builds it; make test does)")
     check_actor_interpreter(config("actor.engine=vllm"))
-    oldest = stages.vllm_python().parents[2] / ".venv-vllm-oldest" / "bin" / "python"
+    oldest = stages_module.vllm_python().parents[2] / ".venv-vllm-oldest" / "bin" / "python"
     if oldest.is_file():  # the oldest supported release this machine installs (make vllm-env-oldest)
         check_actor_interpreter(config("actor.engine=vllm", f"actor.python={oldest}"))

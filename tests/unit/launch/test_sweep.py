@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from pipelinerl.launch.sweep import PORT_BLOCK, expand_grid, point_config, sweep_points
+from pipelinerl.launch.sweep import PORT_BLOCK, PortSlots, expand_grid, point_config, sweep_points
 from pipelinerl.platform.config import ConfigError, PipelineConfig, with_overrides
 
 
@@ -41,10 +43,6 @@ def test_overrides_are_validated_and_concurrent_points_get_their_own_ports():
 
 def test_points_running_at_once_never_share_a_block_of_ports():
     """Point 1 ends first while point 0 still runs: point 2 must take point 1's block, not point 0's."""
-    import threading
-
-    from pipelinerl.launch.sweep import PortSlots
-
     slots = PortSlots(2)
     first, second = slots.taken(), slots.taken()
     held = [first.__enter__(), second.__enter__()]

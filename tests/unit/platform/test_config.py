@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipelinerl.platform.config import MODES, ConfigError, PipelineConfig, flatten, load_config
+from pipelinerl.platform.dtypes import policy_dtype, policy_dtype_name
+from pipelinerl.workers.trainer import deepspeed_config
 
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.toml"))
 
@@ -133,11 +137,6 @@ def test_tensor_parallelism_needs_the_vllm_engine():
 
 
 def test_model_dtype_auto_is_bfloat16_on_a_gpu_and_float32_on_cpu():
-    import torch
-
-    from pipelinerl.platform.dtypes import policy_dtype, policy_dtype_name
-    from pipelinerl.workers.trainer import deepspeed_config
-
     assert policy_dtype_name("auto", cuda=True) == "bfloat16"
     assert policy_dtype_name("auto", cuda=False) == "float32"
     assert policy_dtype("bfloat16", cuda=False) == torch.bfloat16  # asked for: kept, even on CPU
@@ -148,8 +147,6 @@ def test_model_dtype_auto_is_bfloat16_on_a_gpu_and_float32_on_cpu():
 
 
 def test_optimizer_offload_and_activation_checkpointing_reach_deepspeed_and_the_model():
-    from pipelinerl.workers.trainer import deepspeed_config
-
     config = load_config(None, ["trainer.offload_optimizer=true", "trainer.activation_checkpointing=true"])
     zero = deepspeed_config(config)["zero_optimization"]
     assert zero == {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
@@ -160,8 +157,6 @@ def test_optimizer_offload_and_activation_checkpointing_reach_deepspeed_and_the_
 
 def _float_fields(model_type, prefix=""):
     """Dotted paths of every float setting (``float`` or ``float | None``), sections walked."""
-    import typing
-
     for name, field in model_type.model_fields.items():
         annotation = field.annotation
         if isinstance(annotation, type) and hasattr(annotation, "model_fields"):

@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from pipelinerl.platform.tracking import metric_registry as registry
+from pipelinerl.platform.tracking.db import StepStats
 from pipelinerl.platform.tracking.metric_registry import PLACEHOLDERS, Metric
+from pipelinerl.platform.tracking.mlflow_store import METRIC_NAME
+from pipelinerl.tasks.base import LABELS
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 
@@ -88,8 +91,6 @@ def test_no_two_declarations_match_one_name():
 
 
 def test_every_score_label_and_drop_reason_is_one_declared_name():
-    from pipelinerl.tasks.base import LABELS
-
     for label in LABELS:
         for family in (registry.SCORES, registry.EVAL_SET_SCORES):
             name = registry.name_of(family, set="heldout", label=label)
@@ -117,16 +118,12 @@ def test_every_name_constant_of_the_registry_is_declared():
 
 
 def test_every_mlflow_name_is_one_mlflow_accepts():
-    from pipelinerl.platform.tracking.mlflow_store import METRIC_NAME
-
     for metric in registry.METRICS:
         if metric.mlflow:
             assert METRIC_NAME.match(example(metric.name)), metric.name
 
 
 def test_the_database_columns_are_declared_once_each():
-    from pipelinerl.platform.tracking.db import StepStats
-
     columns = {c.name for c in StepStats.__table__.columns} - {"run_id", "version", "created_at"}
     assert set(registry.stored_fields("step_stats")) == columns
     assert registry.column_of(registry.WEIGHTS_BROADCAST_MS) == "broadcast_ms"

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipelinerl.platform.wire import impossible_values
+from pipelinerl.platform.wire import MalformedMessage, TrainBatch, decode, encode, impossible_values
+from tests.unit.platform.test_wire import make_batch, make_sequence
 from tests.unit.platform.test_wire import make_rollout as make_wire_rollout
-from tests.unit.platform.test_wire import make_sequence
 
 
 def make_rollout(**overrides: Any) -> Any:
@@ -53,8 +53,6 @@ def test_a_non_finite_reward_or_advantage_is_impossible() -> None:
 )
 def test_micro_batches_must_hold_each_sequence_once(micro_batches, reason) -> None:
     # A repeated index trained a sequence twice in one step; a missing one counted it without training it.
-    from pipelinerl.platform.wire import MalformedMessage, TrainBatch, decode, encode
-    from tests.unit.platform.test_wire import make_batch
 
     good = make_batch()
     frames = encode(good)

@@ -3,10 +3,12 @@ far beyond float range (computed in log space)."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from pipelinerl.rl.ess import effective_sample_size, effective_sample_size_from_log_weights
+from pipelinerl.workers.trainer import ess_metrics
 
 
 def test_equal_weights_give_one() -> None:
@@ -97,10 +99,6 @@ def test_log_weights_reject_undefined_inputs(log_weights: torch.Tensor, message:
 
 
 def test_the_trainer_logs_the_ess_of_raw_ratios_and_of_truncated_weights_by_name() -> None:
-    import numpy as np
-
-    from pipelinerl.workers.trainer import ess_metrics
-
     # log ratios 0.5, 0 and 150 (exp(150) overflows float32: the old ratio-based ESS raised on it)
     trainer = np.array([0.0, -1.0, 50.0], dtype=np.float32)
     behaviour = np.array([-0.5, -1.0, -100.0], dtype=np.float32)

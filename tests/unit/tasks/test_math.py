@@ -307,8 +307,8 @@ def test_a_split_field_gives_the_splits(tmp_path: Path) -> None:
 
 
 def test_parquet_file(tmp_path: Path) -> None:
+    pyarrow = pytest.importorskip("pyarrow", reason="pyarrow is not installed")
     parquet = pytest.importorskip("pyarrow.parquet", reason="pyarrow is not installed")
-    import pyarrow
 
     records = [
         {"problem": r["problem"], "solution": r["solution"], "answer": last_boxed(r["solution"])}

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import reasoning_gym
+from reasoning_gym.algorithmic.spell_backward import SpellBackwardConfig, SpellBackwardDataset
+from reasoning_gym.factory import DATASETS, register_dataset
 
 from pipelinerl.tasks import Message, Problem, Score, Task, TaskError, get_task, reasoning_gym_task
 from pipelinerl.tasks.reasoning_gym_task import (
@@ -187,9 +189,6 @@ def test_an_answer_outside_the_grammar_never_reaches_the_scorer() -> None:
 @pytest.fixture
 def unaudited_generator() -> Iterator[str]:
     """A generator the audit does not know: one the user registered (here spell_backward's classes)."""
-    from reasoning_gym.algorithmic.spell_backward import SpellBackwardConfig, SpellBackwardDataset
-    from reasoning_gym.factory import DATASETS, register_dataset
-
     register_dataset("my_spelling", SpellBackwardDataset, SpellBackwardConfig)
     yield "my_spelling"
     del DATASETS["my_spelling"]

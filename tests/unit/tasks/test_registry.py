@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from pipelinerl.platform.config import ConfigError, load_config
@@ -75,9 +78,6 @@ def test_a_task_without_reference_completions_cannot_warm_start() -> None:
 
 def test_the_task_written_in_docs_works(tmp_path, monkeypatch) -> None:
     """docs/tasks.md's example, as a user would save it: importable, deterministic, disjoint, scored."""
-    import re
-    from pathlib import Path
-
     docs = (Path(__file__).resolve().parents[3] / "docs" / "tasks.md").read_text()
     (source,) = [
         block for block in re.findall(r"```python\n(.*?)```", docs, re.S) if "class VowelTask" in block

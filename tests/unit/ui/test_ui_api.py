@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import and_, func, select, tuple_
+from sqlalchemy import and_, create_engine, func, select, tuple_
 
 from pipelinerl.platform.tracking.db import LagHistogram, PolicyVersion, StepStats
 from pipelinerl.platform.tracking.store import PlatformStore
@@ -237,8 +237,6 @@ def test_the_dashboard_never_creates_a_database(tmp_path: Path) -> None:
 
 
 def _plan(url: str, query) -> str:  # type: ignore[no-untyped-def]
-    from sqlalchemy import create_engine
-
     engine = create_engine(url)
     try:
         compiled = query.compile(engine, compile_kwargs={"literal_binds": True})

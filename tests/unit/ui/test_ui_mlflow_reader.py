@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelinerl.platform.tracking.mlflow_store import MlflowStore
 from pipelinerl.ui.mlflow_reader import MlflowReader, MlflowUnavailable
 from tests.conftest import worker_port
 
@@ -33,8 +34,6 @@ def test_a_missing_sqlite_store_is_not_created(tmp_path: Path) -> None:
 
 
 def test_an_unknown_run_is_an_answer_not_an_outage(tmp_path: Path) -> None:
-    from pipelinerl.platform.tracking.mlflow_store import MlflowStore
-
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     known = MlflowStore(uri, (tmp_path / "artifacts").as_uri()).start_run("pipelinerl", "r1", {})
     reader = MlflowReader(uri, "http://127.0.0.1:5000")

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from pipelinerl.platform.wire import Rollout
-from pipelinerl.tasks import get_task
-from pipelinerl.workers.preprocessor import BatchBuilder
+from pipelinerl.tasks import Score, get_task
+from pipelinerl.workers.preprocessor import BatchBuilder, RewardPolicy
 
 
 @pytest.fixture
@@ -129,9 +129,6 @@ def test_every_score_label_is_counted_and_a_raising_scorer_gives_unparsable(task
 
 
 def test_truncated_completions_follow_rl_truncated() -> None:
-    from pipelinerl.tasks import Score
-    from pipelinerl.workers.preprocessor import RewardPolicy
-
     right = Score(1.0, "correct")
     assert RewardPolicy("train").reward(right, finished=False) == 1.0
     assert RewardPolicy("penalise", truncated_penalty=0.5).reward(right, finished=False) == -0.5
@@ -144,8 +141,6 @@ def test_truncated_completions_follow_rl_truncated() -> None:
 
 
 def test_masked_truncated_sequences_keep_their_baseline_but_no_advantage(task, problems):
-    from pipelinerl.workers.preprocessor import RewardPolicy
-
     build = builder(task, problems, batch_size=4)
     build.rewards = RewardPolicy("mask")
     problem = next(iter(problems.values()))

@@ -9,7 +9,7 @@ import pytest
 
 from pipelinerl.platform.config import load_config
 from pipelinerl.tasks import get_task
-from pipelinerl.workers.preprocessor import BatchBuilder, incomplete_groups_bound
+from pipelinerl.workers.preprocessor import BatchBuilder, build_batch_builder, incomplete_groups_bound
 from tests.unit.workers.test_batch_builder import rollout
 
 
@@ -151,7 +151,5 @@ def test_a_completion_longer_than_any_actor_writes_is_refused(task, problems) ->
 
 
 def test_the_preprocessor_takes_its_completion_limit_from_the_actor_setting(tmp_path, task, problems) -> None:
-    from pipelinerl.workers.preprocessor import build_batch_builder
-
     config = load_config(None, ["actor.max_new_tokens=17"])
     assert build_batch_builder(config, tmp_path, task, problems).max_completion_tokens == 17

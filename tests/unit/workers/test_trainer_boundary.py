@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import msgspec
 import numpy as np
+import pytest
+import torch
 
 from pipelinerl.platform.wire import TrainBatch
-from pipelinerl.workers.trainer import Trainer
+from pipelinerl.workers.policy_step import per_token
+from pipelinerl.workers.trainer import Trainer, model_positions
 from tests.unit.platform.test_wire import make_sequence
 
 
@@ -33,12 +37,6 @@ def test_sequences_outside_the_vocabulary_or_from_the_future_are_dropped_and_cou
 
 
 def test_empty_prompts_and_sequences_beyond_the_model_or_the_actor_are_dropped_and_counted() -> None:
-    import msgspec
-    import pytest
-    import torch
-
-    from pipelinerl.workers.policy_step import per_token
-
     sequences = [make_sequence(0, 2), make_sequence(0, 3), make_sequence(0, 4), make_sequence(0, 2)]
     sequences[1] = msgspec.structs.replace(sequences[1], prompt_token_ids=np.array([], dtype=np.int32))
     # sequences[2]: 3 prompt + 4 completion tokens, beyond the model's 6 positions
@@ -57,8 +55,6 @@ def test_empty_prompts_and_sequences_beyond_the_model_or_the_actor_are_dropped_a
 
 
 def test_the_position_limit_is_read_from_the_model_config() -> None:
-    from pipelinerl.workers.trainer import model_positions
-
     assert model_positions(SimpleNamespace(max_position_embeddings=2048)) == 2048
     assert model_positions(SimpleNamespace(n_positions=1024)) == 1024
     assert model_positions(SimpleNamespace()) is None

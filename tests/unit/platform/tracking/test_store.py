@@ -7,9 +7,17 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from pipelinerl.platform.config import load_config
-from pipelinerl.platform.tracking.db import ENV_DATABASE_URL, PlatformDatabaseError, database_url, parse_url
+from pipelinerl.platform.tracking.db import (
+    ENV_DATABASE_URL,
+    PlatformDatabaseError,
+    RolloutLedger,
+    database_url,
+    make_engine,
+    parse_url,
+)
 from pipelinerl.platform.tracking.store import PlatformStore
 
 STARTED = datetime(2026, 11, 22, 4, 30, tzinfo=UTC)
@@ -154,10 +162,6 @@ def test_ledger_admits_each_rollout_once_across_restarts(url: str, store: Platfo
 
 
 def test_ledger_keeps_the_first_consumption(url: str, store: PlatformStore) -> None:
-    from sqlalchemy import select
-
-    from pipelinerl.platform.tracking.db import RolloutLedger, make_engine
-
     run_id = create(store)
     store.record_consumed(run_id, [("r1", 3, 5)])
     store.record_consumed(run_id, [("r1", 7, 9)])

@@ -13,6 +13,7 @@ from pipelinerl.platform.tracking.metrics import (
     preprocessor_metrics,
     trainer_metrics,
 )
+from pipelinerl.platform.tracking.run_tracker import unreachable
 
 RECORD = {
     "rl/loss": 0.5,
@@ -107,8 +108,6 @@ def test_an_eval_round_is_logged_under_its_set():
 
 
 def test_a_store_that_cannot_be_reached_is_told_from_one_that_refuses_a_write():
-    from pipelinerl.platform.tracking.run_tracker import unreachable
-
     assert unreachable(ConnectionRefusedError(111, "Connection refused"))
     try:
         try:

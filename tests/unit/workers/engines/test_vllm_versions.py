@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from pipelinerl.platform.config import ConfigError, load_config
-from pipelinerl.workers.engines.vllm_engine import token_versions
+from pipelinerl.workers.engines.vllm_engine import _given_id, token_versions, version_runs
 
 
 @dataclass
@@ -55,8 +55,6 @@ def test_recompute_needs_the_vllm_engine():
 def test_vllm_internal_request_ids_map_back_to_the_actor_s():
     """vLLM 0.32 appends ``-<8 characters>`` to a request id; 0.27 keeps it. Either maps back, and an id
     that itself holds a dash is not confused with a shorter one."""
-    from pipelinerl.workers.engines.vllm_engine import _given_id
-
     given = {"a0-p12-x": None, "a0-p12": None, "r1": None}
     assert _given_id("r1-1a2b3c4d", given) == "r1"
     assert _given_id("r1", given) == "r1"
@@ -66,7 +64,5 @@ def test_vllm_internal_request_ids_map_back_to_the_actor_s():
 
 
 def test_version_runs_name_each_span_for_messages():
-    from pipelinerl.workers.engines.vllm_engine import version_runs
-
     assert version_runs([0, 0, 1, 1, 1, 3]) == [(0, 2), (1, 3), (3, 1)]
     assert version_runs([]) == []
