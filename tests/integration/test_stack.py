@@ -413,9 +413,13 @@ def form_field(browser: Any, label: str, description: str) -> Any:
 
 
 def type_into(element: Any, text: str) -> None:
+    """Replace the field's value with ``text``, once the form has filled in its default (typing
+    earlier, the default could land after, or beside, what was typed) and until the field shows it."""
     control = element.find_element(By.XPATH, "./div[contains(@class,'p-label__body')]//input")
+    wait_until(lambda: control.get_attribute("value"), PAGE_TIMEOUT_S, "the field's default value", 0.2)
     control.send_keys(Keys.CONTROL, "a")
     control.send_keys(text)
+    wait_until(lambda: control.get_attribute("value") == text, PAGE_TIMEOUT_S, f"{text!r} in the field", 0.2)
 
 
 def press_submit(browser: Any) -> None:
@@ -468,14 +472,25 @@ def test_a_cross_field_mistake_is_shown_under_the_field_and_nothing_runs(
     assert len(form_flow_runs(stack, form_deployment_id)) == before
 
 
-def test_a_good_change_is_submitted_with_its_value(stack, form_deployment_id: str, browser: Any) -> None:
+def test_a_good_change_is_submitted_with_its_value(
+    stack, form_deployment_id: str, browser: Any, artifacts: Path
+) -> None:
     """The control: the same form, a valid change, and the flow run carries it."""
     browser.get(f"{stack.prefect_ui_url}/deployments/deployment/{form_deployment_id}/run")
     type_into(form_field(browser, *BATCH), "64")
     press_submit(browser)
-    runs = wait_until(
-        lambda: form_flow_runs(stack, form_deployment_id), 120, "the flow run of a valid form", 1.0
-    )
+
+    def submitted() -> list[Any]:
+        runs = form_flow_runs(stack, form_deployment_id)
+        if not runs and "/run" in browser.current_url:  # still on the form: what does it say?
+            errors = browser.find_elements(By.XPATH, "//*[contains(@class,'p-message--error')]")
+            assert not errors, f"the valid form was refused: {[e.text for e in errors]}"
+        return runs
+
+    try:
+        runs = wait_until(submitted, 120, "the flow run of a valid form", 1.0)
+    finally:
+        browser.save_screenshot(str(artifacts / "valid-change.png"))
     (run,) = runs
     assert run.parameters["config"]["rl"]["batch_size"] == 64
 

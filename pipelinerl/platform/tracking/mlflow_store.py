@@ -159,7 +159,16 @@ class MlflowStore:
             experiment = self.client.get_experiment_by_name(name)
             if experiment is not None:
                 return str(experiment.experiment_id)
-            return str(self.client.create_experiment(name, artifact_location=self.artifact_location))
+            try:
+                return str(self.client.create_experiment(name, artifact_location=self.artifact_location))
+            except MlflowException as error:
+                # Two runs starting at once both found no experiment; the other one created it first.
+                if error.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                created = self.client.get_experiment_by_name(name)
+                if created is None:
+                    raise
+                return str(created.experiment_id)
         except MlflowException as error:
             raise TrackingError(f"MLflow store {self.uri!r}: {error.message}") from None
         except Exception as error:  # connection errors surface as many types
