@@ -142,8 +142,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # Runs that do not name their own stores track into this session's, not the user's home.
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'mlflow.db'}")
     os.environ.setdefault("PIPELINERL_DATABASE_URL", f"sqlite:///{home / 'platform.db'}")
-    # The DeepSpeed CPU communication op compiles once (about a minute); keep it across test runs.
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -480,7 +480,12 @@ def _train(
     while True:
         placement.start(config, model_path)
         status(f"started {placement.describe()}")
-        watch = StallWatch(config.run.stall_timeout_s, time.monotonic())
+        watch = StallWatch(
+            config.run.stall_timeout_s,
+            time.monotonic(),
+            start_timeout_s=config.run.start_timeout_s,
+            start_version=tails.last_version,
+        )
         try:
             while not placement.poll():
                 records.extend(tails.read(sinks))

@@ -53,36 +53,55 @@ class StageFailed(RuntimeError):
 
 
 class RunStalled(StageFailed):
-    """No optimizer step for ``run.stall_timeout_s``: the stages are alive but the run makes no progress
-    (a lost message, a peer that never answers); handled as a crash (restart or fail)."""
+    """No optimizer step for ``run.stall_timeout_s`` (the first one: ``run.start_timeout_s`` after the
+    stages started): the stages are alive but the run makes no progress (a lost message, a peer that
+    never answers, a model that never loads); handled as a crash (restart or fail)."""
 
 
 @dataclass
 class StallWatch:
-    """When the run last made progress (a new policy version); pure, the caller gives the clock."""
+    """When the run last made progress (a new policy version); pure, the caller gives the clock.
+
+    Until the first version after ``start_version`` (where this attempt began: -1 for a new run, the
+    checkpoint's version after a restart) the budget is ``start_timeout_s`` (loading models and starting
+    engines can take minutes), then ``timeout_s`` between versions; 0 turns either off."""
 
     timeout_s: float
     started: float
+    start_timeout_s: float = 0.0
+    start_version: int = -1
     last_version: int = -1
     last_progress: float = 0.0
 
     def __post_init__(self) -> None:
         self.last_progress = self.started
+        self.last_version = max(self.last_version, self.start_version)
 
     def observe(self, version: int, now: float) -> None:
         if version > self.last_version:
             self.last_version, self.last_progress = version, now
 
+    @property
+    def started_up(self) -> bool:
+        return self.last_version > self.start_version
+
+    @property
+    def budget_s(self) -> float:
+        return self.timeout_s if self.started_up else self.start_timeout_s
+
     def stalled_for(self, now: float) -> float | None:
-        """Seconds without progress once past the timeout, else None (never with timeout 0)."""
+        """Seconds without progress once past the budget, else None (never with a budget of 0)."""
         idle = now - self.last_progress
-        return idle if self.timeout_s and idle > self.timeout_s else None
+        return idle if self.budget_s and idle > self.budget_s else None
 
     def describe(self, idle_s: float) -> str:
-        since = "the stages started" if self.last_version < 0 else f"policy version {self.last_version}"
+        if self.started_up:
+            since, setting = f"policy version {self.last_version}", f"run.stall_timeout_s={self.timeout_s:g}"
+        else:
+            since, setting = "the stages started", f"run.start_timeout_s={self.start_timeout_s:g}"
         return (
             f"the run stalled: no optimizer step for {idle_s:.0f} s since {since} "
-            f"(run.stall_timeout_s={self.timeout_s:g}); see the stages' logs for what each was waiting on"
+            f"({setting}); see the stages' logs for what each was waiting on"
         )
 
 

@@ -172,9 +172,11 @@ class Trainer:
             enable_activation_checkpointing(model)
         if device == "cuda":  # one GPU per rank (the launcher shows each rank the node's trainer GPUs)
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        elif config.trainer.num_processes == 1:
-            # One rank has nobody to share memory with: skip compiling DeepSpeed's CPU shared-memory
-            # collective op (about a minute of g++ on a fresh machine).
+        else:
+            # DeepSpeed's CPU shared-memory collective op serves only its inference all-reduce (tensor
+            # parallel inference), never training; building it costs about a minute of g++ in every new
+            # environment (its build is keyed by the interpreter's paths), so CPU ranks go without it
+            # and use gloo's collectives, as they do for everything else.
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         init_distributed(deepspeed, config, rank, "nccl" if device == "cuda" else "gloo")
         self.engine, *_ = deepspeed.initialize(

@@ -27,6 +27,9 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
         "learning",
         "--quick",
         "--no-async",
+        # Strict rounds (generation, then training) are conventional mode with one setting changed: the
+        # mode itself is test_pipeline.py's; leaving the variant out saves a whole run here.
+        "--no-strict",
         "--set",
         f"model.path={random_model_dir}",
         "--set",
@@ -52,16 +55,16 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
     (start,) = record["start_success_by_seed"].values()
     assert record["target_success"] == pytest.approx(start + 0.10)
     assert record["target_success_by_seed"] == {"0": pytest.approx(start + 0.10)}
-    assert "pipeline/times_faster_than_conventional_g2_strict" in record
+    assert "pipeline/times_faster_than_conventional_g2_strict" not in record, "--no-strict left it out"
     assert len(record["pipeline/times_faster_than_conventional_g2_per_seed"]) == 1
     assert not any(key.startswith("speedup") for key in record), "one name for the ratio"
     rows = {row["variant"]: row for row in record["variants"]}
-    assert set(rows) == {"pipeline", "conventional_g2", "conventional_g2_strict"}
-    assert set(rows["pipeline"]["times_faster_than"]) == {"conventional_g2", "conventional_g2_strict"}
+    assert set(rows) == {"pipeline", "conventional_g2"}
+    assert set(rows["pipeline"]["times_faster_than"]) == {"conventional_g2"}
     for row in rows.values():  # the numbers behind the paper's claims
         assert 0.0 <= row["multi_version_fraction"] <= 1.0
         assert row["lag_early"] is not None and row["lag_late"] is not None
-    assert rows["conventional_g2_strict"]["multi_version_fraction"] == 0.0, "one version per sequence"
+    assert rows["conventional_g2"]["multi_version_fraction"] == 0.0, "one version per sequence"
     for run in record["runs"]:
         versions_evaluated = len(run["points"]) - 1
         assert versions_evaluated == 2, "checkpoints at v2 and v4 (final) were evaluated"
@@ -113,7 +116,7 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
     )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert redrawn.stat().st_size > 20_000
-    for name in ("| PipelineRL |", "| conventional G=2 |", "| conventional G=2, strict rounds |"):
+    for name in ("| PipelineRL |", "| conventional G=2 |"):
         assert name in again.stdout, again.stdout
 
     client = mlflow.MlflowClient()
@@ -124,5 +127,5 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
     children = client.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
     )
-    assert len(children) == 3 and all(child.info.status == "FINISHED" for child in children)
+    assert len(children) == 2 and all(child.info.status == "FINISHED" for child in children)
     assert not any(key.startswith("speedup") for key in parent.data.metrics)

@@ -8,8 +8,8 @@ by a test of its own:
 * ``pipeline_run``: pipeline mode on the machine's network address (CurveZMQ beyond loopback) while
   strangers with and without the run's keys send it garbage; also the run whose
   ``rl/behaviour_mismatch`` is recomputed.
-* ``zero3_run``: two trainer ranks with ZeRO-3, in conventional mode with training during a round.
-* ``after_round_run``: conventional mode, a round generated before it is trained.
+* ``zero3_run``: two trainer ranks with ZeRO-3, in conventional mode, a round generated before it is
+  trained (training during the round: ``test_real_models.py``'s conventional run).
 * ``in_process_actor_run``: the real trainer and preprocessor with the actor in this process, whose
   logits are compared with the trainer's; one group per batch with ``transport.batches_ahead=1``,
   so the actor outruns the trainer and is held back.
@@ -237,27 +237,15 @@ def test_behaviour_mismatch_is_recorded_and_tracked(pipeline_run):
 
 @pytest.fixture(scope="module")
 def zero3_run(tmp_path_factory, random_model_dir) -> Run:
-    """Data parallel over two DeepSpeed ranks with ZeRO-3, in conventional mode (G=2), the trainer
-    taking a round's first step while the actor still generates the rest."""
+    """Data parallel over two DeepSpeed ranks with ZeRO-3, in conventional mode (G=2) as the paper's
+    baseline runs: generation, then training (``run.train_during_round=false``; training during the
+    round is the conventional run of ``test_real_models.py``)."""
     return launch_once(
         tmp_path_factory,
         "zero3",
         random_model_dir,
         "trainer.num_processes=2",
         "trainer.zero_stage=3",
-        "run.mode=conventional",
-        "run.steps_per_round=2",
-        "run.train_during_round=true",
-    )
-
-
-@pytest.fixture(scope="module")
-def after_round_run(tmp_path_factory, random_model_dir) -> Run:
-    """Conventional mode (G=2): generation, then training, as the paper's baseline runs."""
-    return launch_once(
-        tmp_path_factory,
-        "after-round",
-        random_model_dir,
         "run.mode=conventional",
         "run.steps_per_round=2",
         "run.train_during_round=false",
@@ -274,24 +262,26 @@ def test_two_trainer_ranks_with_zero3(zero3_run):
     assert (result.run_dir / "final" / "model.safetensors").exists()
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize(
-    ("run_name", "ranks"), [("zero3_run", 2), ("after_round_run", 1)], ids=["during_round", "after_round"]
-)
-def test_conventional_mode_never_mixes_versions(run_name, ranks, request):
-    run: Run = request.getfixturevalue(run_name)
+def check_conventional_rounds(run: Run, ranks: int = 1) -> None:
+    """Conventional mode never mixes versions: the first step of each round (G=2) trains fresh
+    samples, the second 1-step-old ones."""
     summary, config = run.result.summary, run.config
-    assert summary["steps"] == 4
+    assert config.run.mode == "conventional" and config.run.steps_per_round == 2
+    assert summary["steps"] == config.run.max_steps
     assert summary["inflight_sequences"] == 0
     assert summary["lag_max"] <= config.run.steps_per_round - 1
-    # Round structure: the first step of each round trains fresh samples, the second 1-step-old ones.
-    assert [r[metric.LAG_MAX] for r in run.result.records] == [0, 1, 0, 1]
+    assert [r[metric.LAG_MAX] for r in run.result.records] == [0, 1] * (config.run.max_steps // 2)
     check_records_against_token_data(run.result, ranks=ranks)
 
 
-def test_generation_then_training_sends_a_round_only_once_it_is_built(after_round_run):
+@pytest.mark.timeout(900)
+def test_conventional_mode_never_mixes_versions(zero3_run):
+    check_conventional_rounds(zero3_run, ranks=2)
+
+
+def test_generation_then_training_sends_a_round_only_once_it_is_built(zero3_run):
     """run.train_during_round=false: a round's first batch leaves only once the whole round is built."""
-    for record in after_round_run.jsonl("preprocessor.jsonl"):
+    for record in zero3_run.jsonl("preprocessor.jsonl"):
         round_end = (record["step"] // 2 + 1) * 2
         assert record[metric.PREPROCESSOR_BATCHES_BUILT] >= round_end, record
 

@@ -9,8 +9,9 @@ is scored and its label counted, the trainer takes its steps, held-out success i
 
 A run costs about 25 s, nearly all of it process start-up, so each is launched once (a
 module-scoped fixture) and carries what it can, each property checked by a test of its own: math on
-the Llama-style model is also the run with in-run evaluation in conventional mode; the chain_sum
-generator's run is the bfloat16 run with two eval sets.
+the Llama-style model is also the conventional run (training during the round) with in-run
+evaluation; the chain_sum generator's run is the bfloat16 run with two
+eval sets; the basic_arithmetic generator's run is the one that warm-starts the embedded model.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pipelinerl.platform.config import ConfigError, load_config
 from pipelinerl.platform.tracking import metric_registry as metric
 from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
 from tests.conftest import worker_port
+from tests.integration.test_pipeline import check_conventional_rounds
 from tests.runs import Run
 
 pytestmark = pytest.mark.slow
@@ -85,14 +87,15 @@ def math_qwen_style_run(tmp_path_factory, qwen_style_model_dir) -> Run:
 
 @pytest.fixture(scope="module")
 def math_llama_style_run(tmp_path_factory, llama_style_model_dir) -> Run:
-    """Also the conventional-mode run with in-run evaluation: each round is evaluated with its frozen
-    weights at v2, v4, v6."""
+    """Also the conventional-mode run (G=2, training during the round) with in-run evaluation: each
+    round is evaluated with its frozen weights at v2, v4, v6."""
     return launch_once(
         tmp_path_factory.mktemp("math-llama"),
         llama_style_model_dir,
         "math-llama_style",
         *MATH,
         "run.mode=conventional",
+        "run.train_during_round=true",
         *IN_RUN_EVAL,
     )
 
@@ -156,18 +159,40 @@ def test_held_out_evaluation_during_the_run_reaches_mlflow(mode, run_name, reque
     assert [e["policy_version"] for e in result.summary["eval_in_run"]] == versions
 
 
+def test_conventional_mode_trains_during_the_round_without_mixing_versions(math_llama_style_run):
+    """run.train_during_round=true: the trainer takes a round's first step while the actor still
+    generates the rest, and no sequence mixes versions (generation, then training: test_pipeline.py)."""
+    check_conventional_rounds(math_llama_style_run)
+
+
 # --- reasoning-gym generators; a bfloat16 policy with two eval sets ----------------------------------
 
 
 @pytest.fixture(scope="module")
-def gym_basic_arithmetic_run(tmp_path_factory, qwen_style_model_dir) -> Run:
-    return launch_once(
-        tmp_path_factory.mktemp("gym-basic-arithmetic"),
-        qwen_style_model_dir,
-        "gym-basic_arithmetic",
-        "task.name=reasoning_gym",
-        "task.options.generator=basic_arithmetic",
+def gym_basic_arithmetic_run(tmp_path_factory) -> Run:
+    """No model.path on a task other than arithmetic: the tiny embedded model is warm-started on the
+    generator's reference answers (a few steps here), cached under the task's options, and the run
+    trains on it."""
+    tmp_path = tmp_path_factory.mktemp("gym-embedded")
+    config = load_config(
+        None,
+        [
+            f"run.output_dir={tmp_path}",
+            f"run.home={tmp_path / 'home'}",
+            "run.max_steps=2",
+            "model.warmstart_max_steps=3",
+            "task.name=reasoning_gym",
+            "task.options.generator=basic_arithmetic",
+            "task.train_problems=64",
+            "task.eval_problems=8",
+            "rl.group_size=4",
+            "rl.batch_size=8",
+            "actor.max_in_flight=8",
+            "actor.max_new_tokens=24",
+            f"transport.base_port={next(_next_port)}",
+        ],
     )
+    return Run(config, launch(config, run_id="gym-embedded"))
 
 
 @pytest.fixture(scope="module")
@@ -251,32 +276,13 @@ def test_a_model_directory_without_a_tokenizer_is_named(tmp_path, random_model_d
         launch(config_for(tmp_path, bare), run_id="bare")
 
 
-def test_the_embedded_model_warm_starts_on_a_reasoning_gym_task_and_trains(tmp_path):
-    """No model.path on a task other than arithmetic: the tiny model is warm-started on the generator's
-    reference answers (a few steps here), cached under the task's options, and the run trains on it."""
-    config = load_config(
-        None,
-        [
-            f"run.output_dir={tmp_path}",
-            f"run.home={tmp_path / 'home'}",
-            "run.max_steps=2",
-            "model.warmstart_max_steps=3",
-            "task.name=reasoning_gym",
-            'task.options={generator="spell_backward", params={min_word_len=3, max_word_len=5}}',
-            "task.train_problems=64",
-            "task.eval_problems=8",
-            "rl.group_size=4",
-            "rl.batch_size=8",
-            "actor.max_in_flight=8",
-            "actor.max_new_tokens=24",
-            f"transport.base_port={next(_next_port)}",
-        ],
-    )
-    result = launch(config, run_id="gym-embedded")
+def test_the_embedded_model_warm_starts_on_a_reasoning_gym_task_and_trains(gym_basic_arithmetic_run):
+    config, result = gym_basic_arithmetic_run.config, gym_basic_arithmetic_run.result
+    assert config.model.path is None
     assert result.summary["final_policy_version"] == 2
-    (cached,) = (tmp_path / "home" / "warmstart").glob("reasoning_gym-tiny-*")
+    (cached,) = (config.run.home / "warmstart").glob("reasoning_gym-tiny-*")
     metadata = json.loads((cached / "warmstart.json").read_text())
-    assert metadata["settings"]["task_options"]["generator"] == "spell_backward"
+    assert metadata["settings"]["task_options"]["generator"] == "basic_arithmetic"
     assert metadata["settings"]["max_positions"] == 512
     assert sum(scored_labels(result.run_dir).values()) >= 2 * config.rl.batch_size
 
