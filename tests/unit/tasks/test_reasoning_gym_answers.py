@@ -5,6 +5,8 @@ sees them (pure: nothing here starts a process or evaluates answer text)."""
 from __future__ import annotations
 
 import builtins
+import copy
+import functools
 import importlib.metadata
 import inspect
 import re
@@ -42,7 +44,14 @@ ATTACKS = [
 
 
 def _entries(generator: str, count: int, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    return list(reasoning_gym.create_dataset(generator, seed=0, size=count, **(params or {})))
+    """The generator's first ``count`` entries (seed 0), a fresh copy each time: generated once, as
+    the attack tests ask for the same entry of each generator once per attack."""
+    return copy.deepcopy(_generated(generator, count, tuple(sorted((params or {}).items()))))
+
+
+@functools.cache
+def _generated(generator: str, count: int, params: tuple[tuple[str, Any], ...]) -> list[dict[str, Any]]:
+    return list(reasoning_gym.create_dataset(generator, seed=0, size=count, **dict(params)))
 
 
 def test_the_audit_covers_exactly_the_installed_generators() -> None:
@@ -75,14 +84,15 @@ def test_which_scorers_compile_the_answer_matches_the_audit(
 ) -> None:
     # The audit's evidence, re-run: a scorer that hands the answer to eval/exec/sympy compiles
     # source that contains it; Python reports every compile to an audit hook.
-    entries = _entries(generator, 2)
+    dataset = reasoning_gym.create_dataset(generator, seed=0, size=2)  # the entries and their scorer
+    entries = list(dataset)
     compiled_sources.clear()
     for entry in entries:
         probes = (MARKER, f"{MARKER} + 1", f"[{MARKER}]", f"({MARKER}, 1)", f"{entry['answer']} {MARKER}")
         for answer in probes:
             try:
                 entry_copy = {**entry, "metadata": dict(entry.get("metadata", {}))}
-                reasoning_gym.create_dataset(generator, seed=0, size=1).score_answer(answer, entry_copy)
+                dataset.score_answer(answer, entry_copy)
             except Exception:
                 pass
     evaluates = any(MARKER in source for source in compiled_sources)
@@ -91,8 +101,8 @@ def test_which_scorers_compile_the_answer_matches_the_audit(
 
 @pytest.mark.parametrize("generator", sorted(answers.EVALUATING))
 def test_reference_answers_pass_their_grammar_and_keep_their_score(generator: str) -> None:
-    dataset = reasoning_gym.create_dataset(generator, seed=0, size=40)
-    for entry in dataset:
+    dataset = reasoning_gym.create_dataset(generator, seed=0, size=40)  # generates items only when read
+    for entry in _entries(generator, 40):  # its items, generated once for this test and the next
         reference = str(entry["answer"])
         if "Integral(" in reference:  # a restated integral is refused on purpose (module docstring)
             with pytest.raises(GrammarError, match="Integral"):
@@ -122,7 +132,7 @@ def test_reference_answers_pass_their_grammar_and_keep_their_score(generator: st
 def test_other_honest_answers_keep_their_score(generator: str, honest: Any) -> None:
     dataset = reasoning_gym.create_dataset(generator, seed=0, size=10)
     scores = []
-    for entry in dataset:
+    for entry in _entries(generator, 40)[:10]:  # its items (an item depends on the seed and its index)
         answer = honest(entry)
         text = answers.scorer_text(generator, answer, entry, {}, allow_unsafe=False)
         scores.append(dataset.score_answer(text, entry))
