@@ -9,6 +9,11 @@ PYTEST_ARGS ?=
 # PYTEST_WORKERS= runs the suite in one process.
 PYTEST_WORKERS ?= -n 2 --dist loadfile
 
+# Python caches what it imports as bytecode, unless PYTHONDONTWRITEBYTECODE is set (as on this project's
+# machines and many CI images): then every stage process compiled transformers, DeepSpeed, ... again, a
+# quarter of its import time (docs/benchmarks.md, "Test suite"). What make runs may write the caches.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: run test coverage lint clean vllm-env vllm-env-oldest
 
 $(STAMP): pyproject.toml constraints.txt
