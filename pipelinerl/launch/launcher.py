@@ -483,7 +483,7 @@ def _train(
         watch = StallWatch(
             config.run.stall_timeout_s,
             time.monotonic(),
-            start_timeout_s=config.run.start_timeout_s,
+            first_step_timeout_s=config.run.first_step_timeout_s,
             start_version=tails.last_version,
         )
         try:

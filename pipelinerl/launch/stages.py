@@ -53,7 +53,7 @@ class StageFailed(RuntimeError):
 
 
 class RunStalled(StageFailed):
-    """No optimizer step for ``run.stall_timeout_s`` (the first one: ``run.start_timeout_s`` after the
+    """No optimizer step for ``run.stall_timeout_s`` (the first one: ``run.first_step_timeout_s`` after the
     stages started): the stages are alive but the run makes no progress (a lost message, a peer that
     never answers, a model that never loads); handled as a crash (restart or fail)."""
 
@@ -63,12 +63,12 @@ class StallWatch:
     """When the run last made progress (a new policy version); pure, the caller gives the clock.
 
     Until the first version after ``start_version`` (where this attempt began: -1 for a new run, the
-    checkpoint's version after a restart) the budget is ``start_timeout_s`` (loading models and starting
+    checkpoint's version after a restart) the budget is ``first_step_timeout_s`` (loading models and starting
     engines can take minutes), then ``timeout_s`` between versions; 0 turns either off."""
 
     timeout_s: float
     started: float
-    start_timeout_s: float = 0.0
+    first_step_timeout_s: float = 0.0
     start_version: int = -1
     last_version: int = -1
     last_progress: float = 0.0
@@ -87,7 +87,7 @@ class StallWatch:
 
     @property
     def budget_s(self) -> float:
-        return self.timeout_s if self.started_up else self.start_timeout_s
+        return self.timeout_s if self.started_up else self.first_step_timeout_s
 
     def stalled_for(self, now: float) -> float | None:
         """Seconds without progress once past the budget, else None (never with a budget of 0)."""
@@ -98,7 +98,7 @@ class StallWatch:
         if self.started_up:
             since, setting = f"policy version {self.last_version}", f"run.stall_timeout_s={self.timeout_s:g}"
         else:
-            since, setting = "the stages started", f"run.start_timeout_s={self.start_timeout_s:g}"
+            since, setting = "the stages started", f"run.first_step_timeout_s={self.first_step_timeout_s:g}"
         return (
             f"the run stalled: no optimizer step for {idle_s:.0f} s since {since} "
             f"({setting}); see the stages' logs for what each was waiting on"

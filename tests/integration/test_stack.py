@@ -479,12 +479,21 @@ def test_a_good_change_is_submitted_with_its_value(
     browser.get(f"{stack.prefect_ui_url}/deployments/deployment/{form_deployment_id}/run")
     type_into(form_field(browser, *BATCH), "64")
     press_submit(browser)
+    resubmitted = False
 
     def submitted() -> list[Any]:
+        nonlocal resubmitted
         runs = form_flow_runs(stack, form_deployment_id)
         if not runs and "/run" in browser.current_url:  # still on the form: what does it say?
             errors = browser.find_elements(By.XPATH, "//*[contains(@class,'p-message--error')]")
             assert not errors, f"the valid form was refused: {[e.text for e in errors]}"
+            # The UI's toast for a request the server failed: the stack's Prefect server keeps its state
+            # in SQLite, which under a loaded machine once answered "database is locked" (its log). A
+            # user clicks Submit again, and so does the test, once; the form's own verdict is above.
+            failed_request = "//*[contains(text(),'Something went wrong')]"
+            if not resubmitted and browser.find_elements(By.XPATH, failed_request):
+                resubmitted = True
+                press_submit(browser)
         return runs
 
     try:

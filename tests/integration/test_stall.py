@@ -5,7 +5,7 @@ trainer waits for batches that never come, and the actors block on a full queue,
 lost message or a peer that never answers looks like from the launcher. With
 ``run.stall_timeout_s=15`` the launcher gives up 15 s after the last new policy version, stops the
 stages (SIGKILL reaches the frozen one) and raises ``RunStalled`` naming that version. The stages'
-start-up, however slow on a loaded machine, has its own budget (``run.start_timeout_s``).
+start-up, however slow on a loaded machine, has its own budget (``run.first_step_timeout_s``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_a_frozen_stage_ends_the_run_with_a_named_stall(tmp_path, random_model_d
             "run.max_steps=50",
             "run.stall_timeout_s=15",
             # The first step, on a loaded 2-core machine, has the start-up budget.
-            "run.start_timeout_s=300",
+            "run.first_step_timeout_s=300",
             "rl.group_size=4",
             "rl.batch_size=8",
             "actor.max_in_flight=8",

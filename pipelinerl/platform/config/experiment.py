@@ -57,7 +57,7 @@ class RunConfig(Section):
         description="A checkpoint directory (runs/RUN_ID/checkpoints/vVERSION) to continue training from: "
         "the policy, its version and samples trained are restored.",
     )
-    start_timeout_s: float = Field(
+    first_step_timeout_s: float = Field(
         1800.0,
         ge=0,
         description="End the run with an error naming the stall when the stages have not completed their "
@@ -68,7 +68,7 @@ class RunConfig(Section):
         900.0,
         ge=0,
         description="End the run with an error naming the stall when no optimizer step completes for this "
-        "many seconds after an earlier one (the first step has run.start_timeout_s); with "
+        "many seconds after an earlier one (the first step has run.first_step_timeout_s); with "
         "run.max_restarts the run restarts from its latest checkpoint instead. 0: never.",
     )
     max_restarts: int = Field(

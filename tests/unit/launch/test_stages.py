@@ -125,7 +125,7 @@ def test_a_pinned_stage_runs_on_its_core(tmp_path: Path):
 
 
 def test_the_stall_watch_counts_from_the_last_new_version_and_names_it():
-    watch = StallWatch(timeout_s=60, started=1000.0, start_timeout_s=300)
+    watch = StallWatch(timeout_s=60, started=1000.0, first_step_timeout_s=300)
     watch.observe(3, 1050.0)
     watch.observe(3, 1100.0)  # the same version again is no progress
     assert watch.stalled_for(1100.0) is None and watch.stalled_for(1111.0) == 61.0
@@ -135,17 +135,17 @@ def test_the_stall_watch_counts_from_the_last_new_version_and_names_it():
 
 
 def test_the_first_step_has_the_start_budget():
-    """Loading the model and starting the engines count against run.start_timeout_s, not the stall's."""
-    watch = StallWatch(timeout_s=60, started=1000.0, start_timeout_s=300)
+    """Loading the model and starting the engines count against run.first_step_timeout_s, not the stall's."""
+    watch = StallWatch(timeout_s=60, started=1000.0, first_step_timeout_s=300)
     assert watch.stalled_for(1299.0) is None, "past the stall timeout, within the start budget"
     assert watch.stalled_for(1301.0) == 301.0
-    assert "301 s since the stages started (run.start_timeout_s=300)" in watch.describe(301.0)
-    assert StallWatch(timeout_s=60, started=0.0, start_timeout_s=0).stalled_for(10**9) is None
+    assert "301 s since the stages started (run.first_step_timeout_s=300)" in watch.describe(301.0)
+    assert StallWatch(timeout_s=60, started=0.0, first_step_timeout_s=0).stalled_for(10**9) is None
 
 
 def test_a_restarted_attempt_starts_again_from_its_checkpoint_version():
     """After a restart from v6 the stages start again: v6 read back is not progress, v7 is."""
-    watch = StallWatch(timeout_s=60, started=1000.0, start_timeout_s=300, start_version=6)
+    watch = StallWatch(timeout_s=60, started=1000.0, first_step_timeout_s=300, start_version=6)
     watch.observe(6, 1010.0)
     assert watch.stalled_for(1200.0) is None and not watch.started_up
     watch.observe(7, 1250.0)
