@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -70,12 +70,11 @@ class StallWatch:
     started: float
     first_step_timeout_s: float = 0.0
     start_version: int = -1
-    last_version: int = -1
-    last_progress: float = 0.0
+    last_version: int = field(init=False)  # the newest version seen, and when it was first seen
+    last_progress: float = field(init=False)
 
     def __post_init__(self) -> None:
-        self.last_progress = self.started
-        self.last_version = max(self.last_version, self.start_version)
+        self.last_version, self.last_progress = self.start_version, self.started
 
     def observe(self, version: int, now: float) -> None:
         if version > self.last_version:
