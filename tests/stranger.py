@@ -10,7 +10,10 @@ stranger is refused; given the run's keys (``keys``) it plays an insider whose k
 
 from __future__ import annotations
 
+import json
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -92,3 +95,59 @@ def _handshake_outcome(monitor: zmq.Socket, address: str, timeout_s: float) -> H
 
 
 GARBAGE = [[b"\xc1garbage", str(index).encode()] for index in range(5)] + [[b"not msgpack at all"]]
+
+
+@dataclass
+class Reception:
+    """What a stranger's receiving socket came to: its handshake and the messages it got."""
+
+    handshake: Handshake
+    received: int
+
+
+def receive_as_stranger(
+    address: str, kind: Literal["sub", "pull"], *, handshake_timeout_s: float = 30.0, listen_s: float = 2.0
+) -> Reception:
+    """Connect a keyless SUB or PULL to ``address`` (a run's notices, a trainer's batch inbox), wait for
+    its handshake's outcome, then count what arrives within ``listen_s``."""
+    context = zmq.Context.instance()
+    socket = context.socket(zmq.SUB if kind == "sub" else zmq.PULL)
+    if kind == "sub":
+        socket.setsockopt(zmq.SUBSCRIBE, b"")
+    socket.setsockopt(zmq.LINGER, 0)
+    monitor = socket.get_monitor_socket(_SUCCEEDED | _FAILED)
+    try:
+        socket.connect(address)
+        handshake = _handshake_outcome(monitor, address, handshake_timeout_s)
+        received = 0
+        deadline = time.monotonic() + listen_s
+        while (left := deadline - time.monotonic()) > 0:
+            if socket.poll(int(left * 1000)):
+                socket.recv_multipart()
+                received += 1
+        return Reception(handshake, received)
+    finally:
+        socket.disable_monitor()
+        monitor.close(linger=0)
+        socket.close()
+
+
+def main() -> None:
+    """``python -m tests.stranger HOST BASE_PORT``: a stranger on a cluster host tries a run's bound
+    sockets on trainer node 0 (rollouts, notices, rank 0's batch inbox both ways) and prints one JSON
+    line of what each attempt came to."""
+    host, base = sys.argv[1], int(sys.argv[2])
+    rollouts, notices, inbox = (f"tcp://{host}:{base + offset}" for offset in (0, 1, 4))
+    attempts = {  # at once: the run may not be training for long
+        "rollouts": lambda: send_as_stranger(rollouts, GARBAGE),
+        "batch_inbox_push": lambda: send_as_stranger(inbox, GARBAGE),
+        "notices": lambda: receive_as_stranger(notices, "sub"),
+        "batch_inbox_pull": lambda: receive_as_stranger(inbox, "pull"),
+    }
+    with ThreadPoolExecutor(len(attempts)) as pool:
+        futures = {name: pool.submit(attempt) for name, attempt in attempts.items()}
+        print(json.dumps({name: future.result().__dict__ for name, future in futures.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -48,6 +48,7 @@ class RoleRun:
     name: str
     pool: str
     submitted_at: float
+    queue: str | None = None
 
 
 def role_parameters(run_dir: Path, role: Role, node: int, model_path: Path) -> dict[str, Any]:
@@ -89,20 +90,24 @@ class PoolPlacement:
             if skipped := {"gpus", "nodes"} - set(variables):
                 self.log(f"work pool {pool!r} declares no {', '.join(sorted(skipped))} job variable: not set")
             for node in range(config.cluster.nodes(role)):
+                queue = config.cluster.work_queue(role, node)
                 flow_run = cast(
                     "FlowRun",
                     run_deployment(
                         name,
                         parameters=role_parameters(self.run_dir, role, node, model_path),
                         job_variables=variables,
+                        work_queue_name=queue,
                         timeout=0,
                         flow_run_name=f"{self.run_dir.name}-{role}{node}",
                         tags=["pipelinerl", f"role:{role}"],
                     ),
                 )
-                self.runs.append(RoleRun(role, node, flow_run.id, flow_run.name, pool, time.monotonic()))
+                submitted = time.monotonic()
+                self.runs.append(RoleRun(role, node, flow_run.id, flow_run.name, pool, submitted, queue))
                 self.log(
                     f"submitted {role} node {node} as flow run {flow_run.name} ({flow_run.id}) to pool {pool}"
+                    + (f", work queue {queue}" if queue else "")
                 )
 
     @staticmethod
@@ -130,9 +135,13 @@ class PoolPlacement:
             waiting = state.is_scheduled() or state.is_pending()
             if waiting and time.monotonic() - run.submitted_at > self.start_timeout_s:
                 raise StageFailed(
-                    f"no worker of pool {run.pool!r} started the {run.role} flow run {run.name} within "
+                    f"no worker of pool {run.pool!r}"
+                    + (f" (work queue {run.queue!r})" if run.queue else "")
+                    + f" started the {run.role} flow run {run.name} within "
                     f"cluster.start_timeout_s={self.start_timeout_s:g} s; is a worker polling it "
-                    f"(`prefect worker start --pool {run.pool}`)?"
+                    f"(`prefect worker start --pool {run.pool}"
+                    + (f" --work-queue {run.queue}" if run.queue else "")
+                    + "`)?"
                 )
             if run.role == "trainer" and not state.is_completed():
                 trainers_done = False

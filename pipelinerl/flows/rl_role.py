@@ -11,6 +11,7 @@ the flow run stops its processes.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -39,7 +40,8 @@ def rl_role(
     config = PipelineConfig.model_validate_json((directory / "config.json").read_text())
     share = assignment(config, role, node)
     names = share.stage_names()
-    logger.info("%s node %d of run %s: %s", role, node, directory.name, ", ".join(names))
+    host = socket.gethostname()
+    logger.info("%s node %d of run %s on host %s: %s", role, node, directory.name, host, ", ".join(names))
     with StageLogForwarder(directory / "logs", logger, names=set(names)):
         run_role(directory, role, node, Path(model_path))
-    return {"run_id": directory.name, "role": role, "node": node, "stages": names}
+    return {"run_id": directory.name, "role": role, "node": node, "host": host, "stages": names}

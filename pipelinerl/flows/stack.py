@@ -96,7 +96,7 @@ def write_state(state: StackState) -> None:
 
 def is_alive(proc: StackProcess) -> bool:
     """The recorded process still runs (same pid and start time; a zombie counts as gone)."""
-    _reap(proc.pid)
+    reap(proc.pid)
     try:
         process = psutil.Process(proc.pid)
         return (
@@ -118,7 +118,7 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def _reap(pid: int) -> None:
+def reap(pid: int) -> None:
     child = _CHILDREN.get(pid)
     if child is not None and child.poll() is not None:
         _CHILDREN.pop(pid, None)
@@ -354,7 +354,7 @@ def up(
             "registering the deployments",
             DEPLOY_TIMEOUT_S,
         )
-        state.deployments = _last_json_line(output)
+        state.deployments = last_json_line(output)
         write_state(state)
         status("starting the workers")
         workers = [
@@ -412,7 +412,7 @@ def up(
     return state
 
 
-def _last_json_line(output: str) -> dict[str, str]:
+def last_json_line(output: str) -> dict[str, str]:
     for line in reversed(output.strip().splitlines()):
         with contextlib.suppress(ValueError):
             value = json.loads(line)

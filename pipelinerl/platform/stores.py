@@ -8,12 +8,14 @@ set and delete keys of a rendezvous or join a group. So the run binds them where
 * ``host_store``: the store's server is handed a socket already bound to ``host`` and listening
   (``TCPStore(master_listen_fd=...)``); members connect as before. The weight group's store
   (``weights``) and the trainer ranks' rendezvous (``init_trainer_group``) are built by it.
-* ``gloo_device``: a gloo device bound to ``host`` where this machine holds that address (a member on
-  another node keeps gloo's default device: the run's host is not one of its addresses).
+* ``gloo_device``: a gloo device bound to ``host`` where this machine holds that address; a member on
+  another node binds the address its kernel routes ``host``'s traffic from (``address_towards``), never
+  the address its host name resolves to, which is loopback on many machines (Debian maps the host name
+  to 127.0.1.1) and unreachable to the peers.
 * ``init_trainer_group``: the trainer ranks' default process group, initialised on a ``host_store``
   before DeepSpeed's ``init_distributed`` (which then finds the group initialised and uses it). gloo
   takes its device for a default group only from ``GLOO_SOCKET_IFNAME``, so it is set to the interface
-  that holds ``host`` unless the user set it.
+  that holds ``host`` (on another node: the interface that reaches it) unless the user set it.
 
 What remains exposed (docs/reliability.md, "Authenticated wire"): on several hosts the stores listen
 on a network address, still without authentication; NCCL's own bootstrap sockets follow
@@ -107,10 +109,34 @@ def holds_address(host: str) -> bool:
     return True
 
 
+def address_towards(host: str) -> str | None:
+    """The address of this machine that the kernel sends ``host``'s traffic from (the local end of a
+    connected UDP socket: routing only, nothing is sent), or None where ``host`` is unreachable."""
+    try:
+        family, (address, _) = _address_family(host, 9)
+    except ValueError:
+        return None
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((address, 9))
+        except OSError:  # no route to it
+            return None
+        return str(probe.getsockname()[0])
+
+
+def local_address(host: str) -> str | None:
+    """Where this machine's end of a link with ``host`` should listen: ``host`` itself where this
+    machine holds it, else the address that reaches it."""
+    return host if holds_address(host) else address_towards(host)
+
+
 def gloo_device(host: str) -> dist.ProcessGroupGloo.Device:
-    """A gloo device that listens on ``host`` where this machine holds it, else gloo's default device."""
-    if holds_address(host):
-        return dist.ProcessGroupGloo.create_device(hostname=host)
+    """A gloo device that listens on ``host`` where this machine holds it, else on the address that
+    reaches ``host``; gloo's default device (the host name's address) only where neither is known."""
+    local = local_address(host)
+    if local is not None:
+        return dist.ProcessGroupGloo.create_device(hostname=local)
+    logger.warning("no route from this machine to %s: gloo listens where the host name resolves", host)
     return dist.ProcessGroupGloo.create_default_device()
 
 
@@ -139,12 +165,14 @@ def init_trainer_group(
     """The trainer ranks' default process group, its rendezvous store on ``host:port`` only (rank 0
     serves it) and, with gloo, its sockets on ``host``'s interface where this machine has it."""
     if backend == "gloo" and not os.environ.get(GLOO_INTERFACE_ENV):
-        interface = interface_of(host)
+        local = local_address(host)
+        interface = interface_of(local) if local is not None else None
         if interface is not None:
             os.environ[GLOO_INTERFACE_ENV] = interface
         else:
             logger.warning(
-                "no interface of this machine holds %s: gloo listens where the host name resolves", host
+                "no interface of this machine holds or reaches %s: gloo listens where the host name resolves",
+                host,
             )
     store = host_store(host, port, world_size, is_master=rank == 0, timeout=timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)

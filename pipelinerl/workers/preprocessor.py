@@ -32,6 +32,7 @@ import json
 import logging
 import time
 from collections import Counter, OrderedDict, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -363,7 +364,9 @@ def final_counts_path(run_dir: Path) -> Path:
     return run_dir / "preprocessor.final.json"
 
 
-def rejection_counts(builder: BatchBuilder, rollouts: Receiver, notices: Receiver) -> dict[str, int]:
+def rejection_counts(
+    builder: BatchBuilder, rollouts: Receiver, notices: Receiver, inboxes: Sequence[Sender] = ()
+) -> dict[str, int]:
     """Everything this stage refused so far, as it goes into ``preprocessor.jsonl`` (running counts)."""
     return {
         # The receivers reject replayed message numbers; the builder, impossible values.
@@ -372,8 +375,11 @@ def rejection_counts(builder: BatchBuilder, rollouts: Receiver, notices: Receive
         registry.PREPROCESSOR_PEER_DISCONNECTS: rollouts.peer_disconnects,
         registry.PREPROCESSOR_LOST: rollouts.lost_count,
         registry.PREPROCESSOR_LOST_FROM_ACTORS: rollouts.senders_lost_count,
-        # Peers refused in the CurveZMQ handshake (no keys, other keys): none of their frames was read.
-        registry.PREPROCESSOR_UNAUTHENTICATED: rollouts.unauthenticated_count + notices.unauthenticated_count,
+        # Peers refused in the CurveZMQ handshake (no keys, other keys): none of their frames was read,
+        # and none was sent to them (a stranger connecting to a trainer's inbox to take its batches).
+        registry.PREPROCESSOR_UNAUTHENTICATED: rollouts.unauthenticated_count
+        + notices.unauthenticated_count
+        + sum(inbox.unauthenticated_count for inbox in inboxes),
         **{
             registry.name_of(registry.SAMPLES_DROPPED, reason=reason): builder.dropped[reason]
             for reason in ("stale", "zero_variance", "incomplete_group")
@@ -517,14 +523,14 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
                                 registry.name_of(registry.SCORES, label=label): builder.labels[label]
                                 for label in LABELS
                             },
-                            **rejection_counts(builder, rollouts, notices),
+                            **rejection_counts(builder, rollouts, notices, inboxes),
                         }
                     )
             elif message is not None:
                 builder.rejected += 1
                 logger.warning("rejected an unexpected %s on the rollout socket", type(message).__name__)
     finally:
-        final = rejection_counts(builder, rollouts, notices)
+        final = rejection_counts(builder, rollouts, notices, inboxes)
         logger.info(
             "preprocessor: %d batches, labels %s, rejections %s",
             builder.batches_made,

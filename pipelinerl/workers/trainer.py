@@ -298,6 +298,9 @@ class Trainer:
                 record[registry.TRAINER_WAIT_S] = wait_s
                 record[registry.TRAINER_REJECTED] = self.rejected + self.batches.rejected_count  # + replays
                 record[registry.TRAINER_MALFORMED] = self.batches.malformed_count
+                record[registry.TRAINER_UNAUTHENTICATED] = self.batches.unauthenticated_count + (
+                    self.notices.unauthenticated_count if self.notices is not None else 0
+                )
                 record[registry.TIME] = time.time()
                 record[registry.WALL_S] = time.time() - started
                 if publishes_after(config, self.policy_version):

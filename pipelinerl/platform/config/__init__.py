@@ -204,6 +204,15 @@ class PipelineConfig(Section):
                 f"actor.num_actors={self.actor.num_actors} must divide evenly over "
                 f"cluster.actor_nodes={self.cluster.actor_nodes}"
             )
+        for role in ("trainer", "actor"):
+            queues = getattr(self.cluster, f"{role}_work_queues")
+            nodes = self.cluster.nodes(role)
+            if queues and len(queues) != nodes:
+                raise ValueError(
+                    f"cluster.{role}_work_queues={queues} names {len(queues)} queue(s) for "
+                    f"cluster.{role}_nodes={nodes} nodes: give one per node, or none (the pool's default "
+                    "queue)"
+                )
         if self.eval.greedy and self.actor.engine != "vllm":
             raise ValueError(
                 "eval.greedy=true needs actor.engine='vllm': the transformers engine samples every request "

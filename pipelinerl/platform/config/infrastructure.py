@@ -70,6 +70,17 @@ class ClusterConfig(Section):
         le=64,
         description="pools: nodes (flow runs) the actors are split over; actor.num_actors must divide.",
     )
+    trainer_work_queues: list[str] = Field(
+        default_factory=list,
+        description="pools: the work queue of each trainer node's flow run, in node order (empty: the pool's "
+        "default queue). Pins node 0 to the worker on the host transport.host names, where every socket of "
+        "the run is bound; e.g. one queue per host, polled by that host's worker only.",
+    )
+    actor_work_queues: list[str] = Field(
+        default_factory=list,
+        description="pools: the work queue of each actor node's flow run, in node order (empty: the pool's "
+        "default queue, which any worker of the pool may take; a worker started with --limit 1 takes one).",
+    )
     trainer_gpus_per_node: int = Field(
         0, ge=0, le=16, description="pools: the `gpus` job variable of each trainer flow run (0: CPU)."
     )
@@ -94,6 +105,11 @@ class ClusterConfig(Section):
 
     def gpus_per_node(self, role: Role) -> int:
         return self.trainer_gpus_per_node if role == "trainer" else self.actor_gpus_per_node
+
+    def work_queue(self, role: Role, node: int) -> str | None:
+        """The work queue of ``role``'s node ``node`` (None: the pool's default queue)."""
+        queues = self.trainer_work_queues if role == "trainer" else self.actor_work_queues
+        return queues[node] if queues else None
 
     def deployment(self, role: Role) -> str:
         return self.trainer_deployment if role == "trainer" else self.actor_deployment

@@ -154,6 +154,7 @@ COMPLETION_LEN_P90, COMPLETION_LEN_MAX = "completion/len_p90", "completion/len_m
 TRAINER_STEP_S, TRAINER_WAIT_S = "trainer/step_s", "trainer/wait_s"
 WEIGHTS_BROADCAST_MS = "weights/broadcast_ms"
 TRAINER_MALFORMED, TRAINER_REJECTED = "trainer/malformed", "trainer/rejected"
+TRAINER_UNAUTHENTICATED = "trainer/unauthenticated"
 TRAINER_TOKENS_PER_S, TRAINER_IDLE_FRACTION = "throughput/trainer_tokens_per_s", "trainer/idle_fraction"
 # Each actor, one record per loaded weight update (actor<k>.jsonl).
 ACTOR_TOKENS_PER_S, ACTOR_IDLE_FRACTION = "throughput/actor_tokens_per_s", "actor/idle_fraction"
@@ -269,6 +270,8 @@ _STAGE_METRICS: tuple[Metric, ...] = (
            stored="policy_versions.broadcast_ms"),
     Metric(TRAINER_MALFORMED, "trainer", "count", "damaged batch frames so far", records=_TRAINER,
            mlflow=True),
+    Metric(TRAINER_UNAUTHENTICATED, "trainer", "count", "peers refused in the handshake by its notice and "
+           "batch sockets so far", records=_TRAINER, mlflow=True),
     Metric(TRAINER_REJECTED, "trainer", "count", "sequences and batches refused so far",
            records=_TRAINER, mlflow=True),
     Metric(TRAINER_TOKENS_PER_S, "trainer", "tokens/s", "trainer/tokens / (step_s + broadcast + "

@@ -1,0 +1,328 @@
+"""One run over several hosts: network namespaces on this machine (``flows/netns_cluster.py``).
+
+The cluster: ``head`` (PostgreSQL, Prefect, MLflow, the dashboard, the launch pool's worker),
+``trainer-0``/``trainer-1`` (pool ``trainers``, one work queue each), ``actor-0..2`` (pool
+``actors``, one flow run per worker), a bridge between them, addresses in 198.18.0.0/24, each host
+its own /etc/hosts and host name. The run is launched as a user launches it: ``prefect deployment
+run rl-run/default`` in a shell on ``head``, against the head's API by name. What crosses the link
+is what crosses a real cluster's network: ZeroMQ with CurveZMQ, the weight group's gloo broadcast
+and its store, DeepSpeed's rendezvous, Prefect's and MLflow's HTTP, PostgreSQL.
+
+Needs root (network namespaces); skips, saying why, where they cannot be made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelinerl.flows import netns_cluster
+from pipelinerl.flows.netns_cluster import (
+    ClusterState,
+    cannot_make_namespaces,
+    head_url,
+    host_call,
+    http_json,
+    join_stranger,
+    namespace_pids,
+    run_on,
+)
+from pipelinerl.flows.netns_plan import MLFLOW_PORT, PREFECT_PORT, UI_PORT, plan_cluster
+from pipelinerl.platform.config import load_config
+from tests.conftest import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+PREFIX = f"pt{os.environ.get('PYTEST_XDIST_WORKER', 'gw0')}"  # one cluster per test worker
+RUN_TIMEOUT_S = 600.0  # a bound on a hang: the run takes about a minute
+BASE_PORT = 21100  # every host has its own ports: no clash with the other test worker
+WORKER_QUERY_S = "2"  # how often the workers look for flow runs (Prefect's default: 10 s)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> ClusterState:
+    if why := cannot_make_namespaces():
+        pytest.skip(f"the multi-host tests make network namespaces: {why}")
+    netns_cluster.down(prefix=PREFIX)  # what an interrupted earlier session left
+    home = tmp_path_factory.mktemp("cluster")
+    started = time.monotonic()
+    state = netns_cluster.up(home, PREFIX, env=dict(os.environ, PREFECT_WORKER_QUERY_SECONDS=WORKER_QUERY_S))
+    print(f"cluster up in {time.monotonic() - started:.1f} s")
+    try:
+        yield state
+    finally:
+        netns_cluster.down(home, PREFIX)
+        assert netns_cluster.namespaces_with_prefix(PREFIX) == []
+
+
+def api(state: ClusterState, path: str) -> str:
+    return head_url(state.plan, PREFECT_PORT, f"/api{path}")
+
+
+def flow_run(state: ClusterState, flow_run_id: str) -> dict[str, Any]:
+    return http_json(state.plan, api(state, f"/flow_runs/{flow_run_id}"))
+
+
+def host_processes(state: ClusterState, run_dir_name: str) -> dict[str, set[str]]:
+    """Host -> the run's stages running there now (``actor0``, ``trainer1``, ``preprocessor``), from
+    the namespace each process is in."""
+    found: dict[str, set[str]] = {}
+    for host in state.plan.hosts:
+        for pid in namespace_pids(host.namespace):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            except OSError:
+                continue
+            if not any(run_dir_name in arg for arg in argv):
+                continue
+            module = next((a for a in argv if a.startswith("pipelinerl.workers.")), None)
+            if module is None:
+                continue
+            stage = module.rsplit(".", 1)[1]
+            if "--actor-id" in argv:
+                stage += argv[argv.index("--actor-id") + 1]
+            elif stage == "trainer":
+                stage += _rank_of(pid)
+            found.setdefault(host.name, set()).add(stage)
+    return found
+
+
+def _rank_of(pid: int) -> str:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    return next((item[5:].decode() for item in environ if item.startswith(b"RANK=")), "?")
+
+
+@dataclass
+class MultiHostRun:
+    flow_run_id: str
+    run_dir: Path
+    final: dict[str, Any]
+    summary: dict[str, Any]
+    placement: dict[str, set[str]] = field(default_factory=dict)  # host -> stages seen there
+    stranger: dict[str, Any] = field(default_factory=dict)
+    dashboard_live: dict[str, Any] | None = None  # the run as the dashboard listed it while running
+    mlflow_live: dict[str, Any] | None = None  # its MLflow run while running
+
+
+def launch_on_head(state: ClusterState, config: dict[str, Any]) -> str:
+    """``prefect deployment run`` in a shell on head, as a user launches a run; returns its id."""
+    done = run_on(
+        state,
+        "head",
+        [
+            str(Path(sys.executable).parent / "prefect"),
+            "deployment",
+            "run",
+            "rl-run/default",
+            "--params",
+            json.dumps({"config": config}),
+        ],
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    match = re.search(r"UUID:\s*([0-9a-f-]{36})", done.stdout)
+    assert match, done.stdout
+    return match.group(1)
+
+
+def run_config(model: Path, directory: Path, *overrides: str) -> dict[str, Any]:
+    config = load_config(
+        None,
+        [
+            f"model.path={model}",
+            f"run.output_dir={directory / 'runs'}",
+            f"run.home={directory / 'home'}",
+            "run.name=multihost",
+            "rl.batch_size=16",
+            "actor.max_in_flight=8",
+            "task.eval_problems=16",
+            "tracking.flush_interval_s=0.5",
+            f"transport.base_port={BASE_PORT}",
+            "transport.host=trainer-0",  # by name: each host's /etc/hosts says where it is
+            "cluster.placement=pools",
+            *overrides,
+        ],
+    )
+    return config.model_dump(mode="json")
+
+
+@pytest.fixture(scope="module")
+def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
+    """Two trainer ranks on trainer-0 and trainer-1 (DeepSpeed's rendezvous and gloo across the
+    link), the preprocessor on trainer-0, one actor on each of two actor hosts; a stranger on the
+    bridge tries the run's sockets while it trains; the dashboard and MLflow are read while it runs."""
+    directory = tmp_path_factory.mktemp("multihost-run")
+    config = run_config(
+        random_model_dir,
+        directory,
+        "run.max_steps=10",
+        "trainer.num_processes=2",
+        "cluster.trainer_nodes=2",
+        'cluster.trainer_work_queues=["trainer-0","trainer-1"]',
+        "actor.num_actors=2",
+        "cluster.actor_nodes=2",
+    )
+    flow_run_id = launch_on_head(cluster, config)
+    runs = directory / "runs"
+    run = MultiHostRun(flow_run_id, Path(), {}, {})
+
+    def training() -> Path | None:
+        state = flow_run(cluster, flow_run_id)["state"]
+        assert state["type"] not in ("FAILED", "CRASHED", "CANCELLED"), state
+        metrics = next(runs.glob("*/metrics.jsonl"), None)
+        return metrics.parent if metrics is not None and metrics.stat().st_size else None
+
+    run.run_dir = wait_until(training, RUN_TIMEOUT_S, "the multi-host run to train a step", interval_s=0.5)
+    # While it trains: where its stages run, what a stranger gets, what the head's services show.
+    stranger = join_stranger(cluster)
+    probe: dict[str, Any] = {}
+    probing = threading.Thread(
+        target=lambda: probe.update(
+            done=run_on(
+                cluster, stranger.name, [sys.executable, "-m", "tests.stranger", "trainer-0", str(BASE_PORT)]
+            )
+        )
+    )
+    probing.start()
+    for host, stages in host_processes(cluster, run.run_dir.name).items():
+        run.placement.setdefault(host, set()).update(stages)
+    run_id = run.run_dir.name
+    # Bounds on a hang: on a loaded 2-core machine the services answer in seconds, not milliseconds.
+    listed = http_json(cluster.plan, head_url(cluster.plan, UI_PORT, "/api/runs"), timeout_s=120)["runs"]
+    run.dashboard_live = next((r for r in listed if r["id"] == run_id), None)
+    mlflow_run_id = (run.run_dir / "mlflow_run_id").read_text()
+    run.mlflow_live = http_json(
+        cluster.plan,
+        head_url(cluster.plan, MLFLOW_PORT, f"/api/2.0/mlflow/runs/get?run_id={mlflow_run_id}"),
+        timeout_s=120,
+    )["run"]
+    while probing.is_alive():
+        for host, stages in host_processes(cluster, run_id).items():
+            run.placement.setdefault(host, set()).update(stages)
+        probing.join(0.5)
+    done: subprocess.CompletedProcess[str] = probe["done"]
+    assert done.returncode == 0, done.stdout + done.stderr
+    run.stranger = json.loads(done.stdout.strip().splitlines()[-1])
+
+    def final() -> dict[str, Any] | None:
+        for host, stages in host_processes(cluster, run_id).items():
+            run.placement.setdefault(host, set()).update(stages)
+        answer = flow_run(cluster, flow_run_id)
+        return answer if answer["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
+
+    run.final = wait_until(final, RUN_TIMEOUT_S, "the multi-host run to end", interval_s=0.5)
+    summary = run.run_dir / "summary.json"
+    run.summary = json.loads(summary.read_text()) if summary.exists() else {}
+    return run
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_run_launched_on_head_completes_across_the_hosts(multihost_run):
+    assert multihost_run.final["state"]["type"] == "COMPLETED", multihost_run.final["state"]
+    assert multihost_run.summary["steps"] == 10 and multihost_run.summary["final_policy_version"] == 10
+    assert multihost_run.summary["placement"] == "pools"
+
+
+def test_each_stage_runs_on_its_host(multihost_run):
+    placement = multihost_run.placement
+    assert placement.get("trainer-0") == {"trainer0", "preprocessor"}, placement
+    assert placement.get("trainer-1") == {"trainer1"}, placement
+    actor_hosts = {host: stages for host, stages in placement.items() if host.startswith("actor-")}
+    assert sorted(stage for stages in actor_hosts.values() for stage in stages) == ["actor0", "actor1"]
+    assert len(actor_hosts) == 2 and all(len(s) == 1 for s in actor_hosts.values()), placement
+    assert "head" not in placement and "stranger" not in placement
+
+
+def test_every_weight_update_reaches_both_actors(multihost_run):
+    published = [
+        r["policy_version"]
+        for r in records(multihost_run.run_dir / "metrics.jsonl")
+        if "weights/broadcast_ms" in r
+    ]
+    assert published, "the trainer published its updates"
+    for actor in (0, 1):
+        loaded = [
+            r["policy_version"]
+            for r in records(multihost_run.run_dir / f"actor{actor}.jsonl")
+            if "weights/update_pause_ms" in r
+        ]
+        assert loaded == published, f"actor{actor} loaded {loaded}; the trainer published {published}"
+
+
+def test_the_ledger_on_head_holds_every_trained_rollout_once(cluster, multihost_run):
+    from pipelinerl.platform.tracking.store import PlatformStore  # noqa: PLC0415
+
+    trained = [
+        rollout_id
+        for r in records(multihost_run.run_dir / "metrics.jsonl")
+        for rollout_id, _ in r["rollouts"]
+    ]
+    assert len(trained) == len(set(trained)) == multihost_run.summary["samples_trained"]
+    url = cluster.plan.database_url.replace("@head:", f"@{cluster.plan.host('head').address}:")
+
+    def ledger() -> set[str]:
+        with PlatformStore(url) as store:
+            return store.consumed_ids(multihost_run.run_dir.name)
+
+    assert host_call(cluster.plan, "head", ledger) == set(trained)
+
+
+def test_the_heads_dashboard_and_mlflow_showed_the_run_live(multihost_run):
+    assert multihost_run.dashboard_live is not None, "the dashboard listed the run while it ran"
+    assert multihost_run.dashboard_live["status"] == "running", multihost_run.dashboard_live
+    assert multihost_run.mlflow_live is not None and multihost_run.mlflow_live["info"]["status"] == "RUNNING"
+
+
+def test_a_stranger_on_the_cluster_network_gets_nothing_in_and_nothing_out(multihost_run):
+    stranger = multihost_run.stranger
+    for socket in ("rollouts", "batch_inbox_push", "notices", "batch_inbox_pull"):
+        assert stranger[socket]["handshake"] == "refused", stranger
+    assert stranger["notices"]["received"] == 0 and stranger["batch_inbox_pull"]["received"] == 0
+    preprocessor = json.loads((multihost_run.run_dir / "preprocessor.final.json").read_text())
+    assert preprocessor["preprocessor/unauthenticated"] >= 2, preprocessor  # rollouts and the inbox
+    assert preprocessor["preprocessor/malformed"] == 0 and preprocessor["preprocessor/lost"] == 0
+    trainer = records(multihost_run.run_dir / "metrics.jsonl")
+    assert trainer[-1]["trainer/unauthenticated"] >= 1, "the notices publisher refused the stranger"
+
+
+# ----- the harness itself -----
+
+
+def test_down_removes_what_an_interrupted_cluster_left(tmp_path):
+    """Namespaces, links, hosts files and a process, as a test killed midway leaves them: ``down``
+    with the prefix alone removes all of it."""
+    if why := cannot_make_namespaces():
+        pytest.skip(f"network namespaces: {why}")
+    prefix = f"{PREFIX}x"
+    netns_cluster.down(prefix=prefix)
+    plan = plan_cluster(tmp_path, prefix, [("head", "head"), ("actor-0", "actors")])
+    netns_cluster.make_network(plan)
+    sleeper = subprocess.Popen(["ip", "netns", "exec", plan.host("actor-0").namespace, "sleep", "600"])
+    try:
+        wait_until(lambda: namespace_pids(plan.host("actor-0").namespace), 30, "the sleeper to start")
+        assert set(netns_cluster.namespaces_with_prefix(prefix)) == set(plan.namespaces)
+        removed = netns_cluster.down(prefix=prefix)
+        assert set(removed) == set(plan.namespaces)
+        assert sleeper.wait(timeout=30) != 0, "the host's process was killed"
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+    assert netns_cluster.namespaces_with_prefix(prefix) == []
+    assert not any((Path("/etc/netns") / ns).exists() for ns in plan.namespaces)
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    assert "v-actor-0" not in links and "v-head" not in links, "nothing was added to the machine's namespace"
