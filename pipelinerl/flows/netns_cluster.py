@@ -326,6 +326,31 @@ def kill_host(state: ClusterState, host: str) -> list[int]:
     return pids
 
 
+def restart_prefect_server(
+    state: ClusterState,
+    *,
+    down_s: float = 0.0,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = STARTUP_TIMEOUT_S,
+) -> float:
+    """Stop the head's Prefect server (SIGTERM to its group), leave it down ``down_s``, start it again
+    on the same database and wait until it answers; returns the seconds its API was away."""
+    plan = state.plan
+    head = plan.host(HEAD)
+    old = next(p for p in state.processes if p.name == "prefect-server")
+    stopped_at = time.monotonic()
+    stack.stop_processes([old])
+    state.processes.remove(old)
+    time.sleep(down_s)
+    base = host_env(plan, head, env if env is not None else os.environ)
+    new = _start(
+        state, head, "prefect-server", prefect_server_command(head), server_env(plan, base), "SIGTERM"
+    )
+    health = head_url(plan, PREFECT_PORT, "/api/health")
+    _wait(state, {"the Prefect server": (partial(http_ok, plan, health), new)}, timeout_s)
+    return time.monotonic() - stopped_at
+
+
 def join_stranger(state: ClusterState, name: str = "stranger", role: HostRole = "none") -> ClusterHost:
     """A host that joins the cluster network later (a stranger, or a spare node without a worker)."""
     host = add_host(state.plan, name, role)

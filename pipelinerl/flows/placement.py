@@ -10,6 +10,9 @@ the shared run directory. The launcher then supervises those flow runs as it wou
 * a role flow run that fails, crashes or is cancelled raises ``StageFailed`` with its state message
   (which carries the stage's log tail), and ``run.max_restarts`` applies as for local stages;
 * a flow run no worker picks up within ``cluster.start_timeout_s`` fails the run, naming the pool;
+* a running flow run whose heartbeat (``flows/role_heartbeat.py``) is older than
+  ``cluster.heartbeat_timeout_s`` has lost its host: it is marked crashed and the run fails (or
+  restarts) naming the host, without waiting for a worker that died with it;
 * stopping (a failure, a cancelled ``rl-run``) cancels every role flow run still going, and their
   workers stop the processes.
 
@@ -28,8 +31,9 @@ from uuid import UUID
 
 from prefect import get_client
 from prefect.deployments import run_deployment
-from prefect.states import Cancelling
+from prefect.states import Cancelling, Crashed
 
+from pipelinerl.flows.role_heartbeat import heartbeat_path, read_heartbeat
 from pipelinerl.launch.launcher import local_placement
 from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, StageFailed
 from pipelinerl.platform.config import ROLES, PipelineConfig, Role
@@ -38,6 +42,9 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
 CANCEL_WAIT_S = 90.0  # a process worker gives a cancelled flow run 30 s before it kills it
+# How long the Prefect API may be unreachable (a server restarting, a network blip) before the run
+# fails naming it: the stages do not need the API to train, only the supervision does.
+API_OUTAGE_S = 300.0
 
 
 @dataclass
@@ -69,11 +76,19 @@ class PoolPlacement:
         self.log = log or (lambda text: None)
         self.runs: list[RoleRun] = []
         self.start_timeout_s = 0.0
+        self.heartbeat_timeout_s = 60.0
         self.peak_rss_bytes = 0  # the stages' memory is on the pools' machines
+        self.lost: set[UUID] = set()  # role flow runs whose host was lost (marked crashed)
+        self.api_down_since: float | None = None
 
     def start(self, config: PipelineConfig, model_path: Path) -> None:
         self.start_timeout_s = config.cluster.start_timeout_s
+        self.heartbeat_timeout_s = config.cluster.heartbeat_timeout_s
         self.runs = []
+        self.lost = set()
+        for role in ROLES:  # an earlier attempt's heartbeats would read as this attempt's, gone silent
+            for node in range(config.cluster.nodes(role)):
+                heartbeat_path(self.run_dir, role, node).unlink(missing_ok=True)
         for role in ROLES:
             name = config.cluster.deployment(role)
             with get_client(sync_client=True) as client:
@@ -121,15 +136,73 @@ class PoolPlacement:
         with get_client(sync_client=True) as client:
             return [(run, client.read_flow_run(run.flow_run_id).state) for run in self.runs]
 
+    def host_of(self, run: RoleRun) -> str | None:
+        """The host the role flow run last reported from (its heartbeat), if it started."""
+        beat = read_heartbeat(heartbeat_path(self.run_dir, run.role, run.node))
+        return None if beat is None else beat.host
+
+    def _silent_for(self, run: RoleRun) -> float | None:
+        """Seconds since the run's last heartbeat, where that is past the timeout; else None."""
+        beat = read_heartbeat(heartbeat_path(self.run_dir, run.role, run.node))
+        if beat is None:
+            return None
+        age = beat.age_s(time.time())
+        return age if age > self.heartbeat_timeout_s else None
+
+    def _where(self, run: RoleRun) -> str:
+        host = self.host_of(run)
+        return f"node {run.node}" + (f" on host {host}" if host else "") + f", pool {run.pool}"
+
+    def _mark_lost(self, run: RoleRun, silent_s: float) -> str:
+        """Mark a flow run whose host is gone crashed (its worker cannot), and say so."""
+        message = (
+            f"host {self.host_of(run)} lost: the {run.role} flow run {run.name} (node {run.node}, pool "
+            f"{run.pool}) sent no heartbeat for {silent_s:.0f} s (cluster.heartbeat_timeout_s="
+            f"{self.heartbeat_timeout_s:g}); its host or its worker is gone"
+        )
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(run.flow_run_id, Crashed(message=message), force=True)
+        self.lost.add(run.flow_run_id)
+        self.log(message)
+        return message
+
+    def _states_through_outages(self) -> list[tuple[RoleRun, Any]] | None:
+        """The role flow runs' states, or None while the Prefect API is unreachable (for at most
+        ``API_OUTAGE_S``: then the run fails naming the API)."""
+        try:
+            states = self._states()
+        except Exception as error:  # httpx's connect and read errors, a 5xx while the server starts
+            now = time.monotonic()
+            if self.api_down_since is None:
+                self.api_down_since = now
+                self.log(
+                    f"the Prefect API does not answer ({type(error).__name__}: {error}); the stages go on"
+                )
+            if now - self.api_down_since > API_OUTAGE_S:
+                raise StageFailed(
+                    f"the Prefect API has not answered for {API_OUTAGE_S:g} s ({type(error).__name__}: "
+                    f"{error}): the role flow runs cannot be supervised"
+                ) from None
+            return None
+        if self.api_down_since is not None:
+            self.log(f"the Prefect API answers again after {time.monotonic() - self.api_down_since:.0f} s")
+            self.api_down_since = None
+        return states
+
     def poll(self) -> bool:
+        states = self._states_through_outages()
+        if states is None:
+            return False
         trainers_done = True
-        for run, state in self._states():
+        for run, state in states:
             if state is None:
                 trainers_done = False
                 continue
+            if state.is_running() and (silent_s := self._silent_for(run)) is not None:
+                raise StageFailed(self._mark_lost(run, silent_s))
             if state.is_failed() or state.is_crashed() or state.is_cancelled() or state.is_cancelling():
                 raise StageFailed(
-                    f"the {run.role} flow run {run.name} (node {run.node}, pool {run.pool}) is "
+                    f"the {run.role} flow run {run.name} ({self._where(run)}) is "
                     f"{state.name}: {state.message or '(no message)'}"
                 )
             waiting = state.is_scheduled() or state.is_pending()
@@ -161,13 +234,21 @@ class PoolPlacement:
                 self.log(f"cancelling the {run.role} flow run {run.name}")
         deadline = time.monotonic() + CANCEL_WAIT_S
         while going and time.monotonic() < deadline and not self._all_final():
+            # A flow run whose host went silent will never be cancelled by its worker: mark it.
+            for run, state in self._states():
+                if state is not None and state.is_cancelling() and (silent := self._silent_for(run)):
+                    self._mark_lost(run, silent)
             time.sleep(1.0)
 
     def _all_final(self) -> bool:
         return all(state is not None and state.is_final() for _, state in self._states())
 
     def describe(self) -> str:
-        return ", ".join(f"{run.role}{run.node} as flow run {run.name} on {run.pool}" for run in self.runs)
+        return ", ".join(
+            f"{run.role}{run.node} as flow run {run.name} on {run.pool}"
+            + (f" (host {host})" if (host := self.host_of(run)) else "")
+            for run in self.runs
+        )
 
 
 def placement_for(config: PipelineConfig, log: Any = None) -> Any:

@@ -6,12 +6,12 @@ also the preprocessor), ``rl-role/actors`` on the ``actors`` pool runs actors. T
 run's ``config.json`` from the shared run directory, starts its stages (``launch/stages.py``),
 streams their logs into its own flow run, and completes when they are done. A crashed stage fails
 the flow run with the stage's log tail, which ``rl-run`` reports (and may restart from); cancelling
-the flow run stops its processes.
+the flow run stops its processes. While its stages run it writes a heartbeat to the run directory
+(``flows/role_heartbeat.py``), by which ``rl-run`` tells a lost host.
 """
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +19,7 @@ from prefect import flow, get_run_logger
 from pydantic import Field
 
 from pipelinerl.flows.rl_run import StageLogForwarder
+from pipelinerl.flows.role_heartbeat import beating, heartbeat_path
 from pipelinerl.launch.stages import assignment, run_role
 from pipelinerl.platform.config import PipelineConfig, Role
 
@@ -40,8 +41,8 @@ def rl_role(
     config = PipelineConfig.model_validate_json((directory / "config.json").read_text())
     share = assignment(config, role, node)
     names = share.stage_names()
-    host = socket.gethostname()
-    logger.info("%s node %d of run %s on host %s: %s", role, node, directory.name, host, ", ".join(names))
-    with StageLogForwarder(directory / "logs", logger, names=set(names)):
-        run_role(directory, role, node, Path(model_path))
+    with beating(heartbeat_path(directory, role, node)) as host:
+        logger.info("%s node %d of run %s on host %s: %s", role, node, directory.name, host, ", ".join(names))
+        with StageLogForwarder(directory / "logs", logger, names=set(names)):
+            run_role(directory, role, node, Path(model_path))
     return {"run_id": directory.name, "role": role, "node": node, "host": host, "stages": names}

@@ -35,6 +35,7 @@ from pipelinerl.flows.netns_cluster import (
     http_json,
     join_stranger,
     namespace_pids,
+    restart_prefect_server,
     run_on,
 )
 from pipelinerl.flows.netns_plan import MLFLOW_PORT, PREFECT_PORT, UI_PORT, plan_cluster
@@ -47,6 +48,8 @@ PREFIX = f"pt{os.environ.get('PYTEST_XDIST_WORKER', 'gw0')}"  # one cluster per 
 RUN_TIMEOUT_S = 600.0  # a bound on a hang: the run takes about a minute
 BASE_PORT = 21100  # every host has its own ports: no clash with the other test worker
 WORKER_QUERY_S = "2"  # how often the workers look for flow runs (Prefect's default: 10 s)
+STEPS = 16  # long enough for a stranger's attempts and a Prefect server restart while it trains
+PREFECT_DOWN_S = 10.0  # the head's Prefect server stays stopped this long mid-run
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +118,8 @@ class MultiHostRun:
     stranger: dict[str, Any] = field(default_factory=dict)
     dashboard_live: dict[str, Any] | None = None  # the run as the dashboard listed it while running
     mlflow_live: dict[str, Any] | None = None  # its MLflow run while running
+    prefect_away_s: float = 0.0  # how long the head's Prefect API was away mid-run
+    version_at_prefect_restart: int = 0
 
 
 def launch_on_head(state: ClusterState, config: dict[str, Any]) -> str:
@@ -167,7 +172,7 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
     config = run_config(
         random_model_dir,
         directory,
-        "run.max_steps=10",
+        f"run.max_steps={STEPS}",
         "trainer.num_processes=2",
         "cluster.trainer_nodes=2",
         'cluster.trainer_work_queues=["trainer-0","trainer-1"]',
@@ -186,18 +191,29 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
 
     run.run_dir = wait_until(training, RUN_TIMEOUT_S, "the multi-host run to train a step", interval_s=0.5)
     # While it trains: where its stages run, what a stranger gets, what the head's services show.
+    # At once, while it trains: a stranger tries its sockets, the head's Prefect server goes away for
+    # a while and comes back on its database; meanwhile, what the head's services show of the run.
     stranger = join_stranger(cluster)
     probe: dict[str, Any] = {}
-    probing = threading.Thread(
-        target=lambda: probe.update(
-            done=run_on(
-                cluster, stranger.name, [sys.executable, "-m", "tests.stranger", "trainer-0", str(BASE_PORT)]
+
+    def restart() -> None:
+        run.version_at_prefect_restart = last_version(run.run_dir)
+        run.prefect_away_s = restart_prefect_server(cluster, down_s=PREFECT_DOWN_S)
+
+    threads = [
+        threading.Thread(
+            target=lambda: probe.update(
+                done=run_on(
+                    cluster,
+                    stranger.name,
+                    [sys.executable, "-m", "tests.stranger", "trainer-0", str(BASE_PORT)],
+                )
             )
-        )
-    )
-    probing.start()
-    for host, stages in host_processes(cluster, run.run_dir.name).items():
-        run.placement.setdefault(host, set()).update(stages)
+        ),
+        threading.Thread(target=restart),
+    ]
+    for thread in threads:
+        thread.start()
     run_id = run.run_dir.name
     # Bounds on a hang: on a loaded 2-core machine the services answer in seconds, not milliseconds.
     listed = http_json(cluster.plan, head_url(cluster.plan, UI_PORT, "/api/runs"), timeout_s=120)["runs"]
@@ -208,10 +224,11 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
         head_url(cluster.plan, MLFLOW_PORT, f"/api/2.0/mlflow/runs/get?run_id={mlflow_run_id}"),
         timeout_s=120,
     )["run"]
-    while probing.is_alive():
-        for host, stages in host_processes(cluster, run_id).items():
-            run.placement.setdefault(host, set()).update(stages)
-        probing.join(0.5)
+    for thread in threads:
+        while thread.is_alive():
+            for host, stages in host_processes(cluster, run_id).items():
+                run.placement.setdefault(host, set()).update(stages)
+            thread.join(0.5)
     done: subprocess.CompletedProcess[str] = probe["done"]
     assert done.returncode == 0, done.stdout + done.stderr
     run.stranger = json.loads(done.stdout.strip().splitlines()[-1])
@@ -229,12 +246,25 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
 
 
 def records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]  # whole lines only
+
+
+def last_version(run_dir: Path) -> int:
+    return max((r["policy_version"] for r in records(run_dir / "metrics.jsonl")), default=0)
+
+
+def role_flow_runs(state: ClusterState, run_dir: Path) -> list[dict[str, Any]]:
+    """The run's ``rl-role`` flow runs (named ``<run-id>-<role><node>``), oldest first."""
+    body = {"flow_runs": {"name": {"like_": f"{run_dir.name}-"}}, "sort": "EXPECTED_START_TIME_ASC"}
+    return http_json(state.plan, api(state, "/flow_runs/filter"), body)
 
 
 def test_the_run_launched_on_head_completes_across_the_hosts(multihost_run):
     assert multihost_run.final["state"]["type"] == "COMPLETED", multihost_run.final["state"]
-    assert multihost_run.summary["steps"] == 10 and multihost_run.summary["final_policy_version"] == 10
+    assert multihost_run.summary["steps"] == STEPS and multihost_run.summary["final_policy_version"] == STEPS
     assert multihost_run.summary["placement"] == "pools"
 
 
@@ -298,6 +328,16 @@ def test_a_stranger_on_the_cluster_network_gets_nothing_in_and_nothing_out(multi
     assert preprocessor["preprocessor/malformed"] == 0 and preprocessor["preprocessor/lost"] == 0
     trainer = records(multihost_run.run_dir / "metrics.jsonl")
     assert trainer[-1]["trainer/unauthenticated"] >= 1, "the notices publisher refused the stranger"
+
+
+def test_the_run_and_its_flow_runs_outlive_a_prefect_server_restart(cluster, multihost_run):
+    away, version = multihost_run.prefect_away_s, multihost_run.version_at_prefect_restart
+    print(f"Prefect API away {away:.1f} s from version {version}")
+    assert version < STEPS, "the server went away while the run trained"
+    assert multihost_run.final["state"]["type"] == "COMPLETED"
+    roles = role_flow_runs(cluster, multihost_run.run_dir)
+    assert sorted(r["name"].rsplit("-", 1)[1] for r in roles) == ["actor0", "actor1", "trainer0", "trainer1"]
+    assert all(r["state"]["type"] == "COMPLETED" for r in roles), [(r["name"], r["state"]) for r in roles]
 
 
 # ----- the harness itself -----

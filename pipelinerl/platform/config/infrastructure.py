@@ -100,6 +100,14 @@ class ClusterConfig(Section):
         description="pools: how long a role flow run may wait for a worker of its pool before the run fails.",
     )
 
+    heartbeat_timeout_s: float = Field(
+        60.0,
+        ge=15,
+        description="pools: a role flow run whose heartbeat (written every 5 s to the shared run directory) "
+        "is older than this has lost its host (powered off, cable cut, its worker killed with it): the run "
+        "names the host and fails, or restarts with run.max_restarts with the role on another worker.",
+    )
+
     def nodes(self, role: Role) -> int:
         return self.trainer_nodes if role == "trainer" else self.actor_nodes
 

@@ -1,0 +1,52 @@
+"""Role heartbeats: written atomically, read back, aged; a damaged or missing file reads as none."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+from pipelinerl.flows.role_heartbeat import (
+    Heartbeat,
+    beating,
+    heartbeat_path,
+    read_heartbeat,
+    write_heartbeat,
+)
+
+
+def test_a_heartbeat_is_read_back_with_its_host_and_age(tmp_path: Path) -> None:
+    path = heartbeat_path(tmp_path, "actor", 1)
+    assert path == tmp_path / "roles" / "actor1.json"
+    assert read_heartbeat(path) is None, "none written yet"
+    before = time.time()
+    write_heartbeat(path, "actor-1")
+    beat = read_heartbeat(path)
+    assert beat is not None and beat.host == "actor-1" and before <= beat.time <= time.time()
+    assert beat.age_s(beat.time + 42.0) == 42.0
+    assert beat.age_s(beat.time - 5.0) == 0.0, "a clock a little behind is not negative silence"
+    assert list(path.parent.iterdir()) == [path], "no temporary file left behind"
+
+
+def test_a_damaged_heartbeat_reads_as_none(tmp_path: Path) -> None:
+    path = heartbeat_path(tmp_path, "trainer", 0)
+    path.parent.mkdir(parents=True)
+    for text in ("", "{", json.dumps({"host": "x"}), json.dumps([1, 2])):
+        path.write_text(text)
+        assert read_heartbeat(path) is None, text
+
+
+def test_beating_writes_now_and_again_until_the_block_ends(tmp_path: Path) -> None:
+    path = heartbeat_path(tmp_path, "actor", 0)
+    with beating(path, interval_s=0.05) as host:
+        assert host == socket.gethostname()
+        first = read_heartbeat(path)
+        assert isinstance(first, Heartbeat)
+        deadline = time.monotonic() + 30
+        while (beat := read_heartbeat(path)) is not None and beat.time == first.time:
+            assert time.monotonic() < deadline, "no second beat"
+            time.sleep(0.01)
+    ended = read_heartbeat(path)
+    time.sleep(0.2)
+    assert read_heartbeat(path) == ended, "no beat after the block"
