@@ -7,6 +7,11 @@ one of the group's terms) with fresh member processes, which copy every received
 of their own and drop it, as a loader does. Measured per update: the time from the leader's first send
 to the last member's last tensor, and per member the peak memory the update added beyond its model.
 A bucket of 1 byte is the old behaviour: one broadcast per tensor.
+
+Every update is verified as a run verifies it (``weight_digest``): the leader hashes every bucket
+before it sends (the notice's digests), each member checks every bucket it receives against them.
+The update time starts when the leader starts hashing; the digest's cost is the leader's hashing plus
+the slowest member's checking, reported as a share of the update time.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pipelinerl.bench.report import markdown_table
 from pipelinerl.platform.dtypes import DTYPES, dtype_name
 from pipelinerl.platform.tracking.ratios import times_faster, times_faster_key
 from pipelinerl.platform.weight_buckets import plan_buckets
+from pipelinerl.platform.weight_digest import ALGORITHM
 from pipelinerl.platform.weights import WeightGroup
 
 MIB = 1 << 20
@@ -66,8 +72,11 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def _member(port: int, rank: int, world: int, shapes: list, dtypes: list, repeats: int, out: Any) -> None:
-    """A member process: a model-sized destination, then ``repeats`` updates copied into it."""
+def _member(
+    port: int, rank: int, world: int, shapes: list, dtypes: list, repeats: int, notices: Any, out: Any
+) -> None:
+    """A member process: a model-sized destination, then ``repeats`` updates copied into it, each
+    checked against the digests the leader announced (``notices``: the notice's digests)."""
     torch.set_num_threads(1)
     destination = [
         torch.zeros(shape, dtype=DTYPES[dtype]) for shape, dtype in zip(shapes, dtypes, strict=True)
@@ -75,9 +84,10 @@ def _member(port: int, rank: int, world: int, shapes: list, dtypes: list, repeat
     group = WeightGroup.join("127.0.0.1", port, rank, world, timeout_s=120)
     baseline = _peak_rss_bytes()
     for _ in range(repeats):
-        for target, tensor in zip(destination, group.receive(shapes, dtypes), strict=True):
+        digests = notices.get(timeout=300)
+        for target, tensor in zip(destination, group.receive(shapes, dtypes, digests), strict=True):
             target.copy_(tensor)
-        out.put(("done", rank, time.perf_counter()))
+        out.put(("done", rank, time.perf_counter(), group.last_verify_s))
     out.put(("memory", rank, _peak_rss_bytes() - baseline))
 
 
@@ -90,20 +100,29 @@ def measure_bucket_size(
     world = 1 + settings.members
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
+    notices = [context.Queue() for _ in range(1, world)]
     members = [
-        context.Process(target=_member, args=(port, rank, world, shapes, dtypes, settings.repeats, out))
+        context.Process(
+            target=_member,
+            args=(port, rank, world, shapes, dtypes, settings.repeats, notices[rank - 1], out),
+        )
         for rank in range(1, world)
     ]
     for process in members:
         process.start()
     try:
         leader = WeightGroup.lead("127.0.0.1", port, world, bucket_bytes=bucket_bytes, timeout_s=120)
-        times_ms = []
+        times_ms, hash_ms, verify_ms = [], [], []
         for _ in range(settings.repeats):
             started = time.perf_counter()
+            digests = leader.digests(tensors)
+            hash_ms.append(1000 * (time.perf_counter() - started))
+            for queue in notices:
+                queue.put(digests)
             leader.send(tensors)
             finished = [out.get(timeout=300) for _ in range(settings.members)]
-            times_ms.append(1000 * (max(at for _, _, at in finished) - started))
+            times_ms.append(1000 * (max(at for _, _, at, _ in finished) - started))
+            verify_ms.append(1000 * max(verify_s for _, _, _, verify_s in finished))
         extra = [out.get(timeout=60)[2] for _ in range(settings.members)]
     finally:
         for process in members:
@@ -112,6 +131,7 @@ def measure_bucket_size(
                 process.kill()
     total_bytes = sum(t.numel() * t.element_size() for t in tensors)
     median_ms = statistics.median(times_ms)
+    digest_share = [(h + v) / total for h, v, total in zip(hash_ms, verify_ms, times_ms, strict=True)]
     return {
         "bucket_bytes": bucket_bytes,
         "buckets_per_update": len(plan_buckets(shapes, dtypes, bucket_bytes)),
@@ -120,6 +140,9 @@ def measure_bucket_size(
         "mb_per_s": round(total_bytes / 1e6 / (median_ms / 1000), 1),
         "member_peak_extra_mib": round(max(extra) / MIB, 1),
         "update_ms": [round(value, 1) for value in times_ms],
+        "trainer_hash_ms_median": round(statistics.median(hash_ms), 1),
+        "member_verify_ms_median": round(statistics.median(verify_ms), 1),
+        "digest_share_median": round(statistics.median(digest_share), 3),
     }
 
 
@@ -139,6 +162,8 @@ def run_weights_bench(settings: WeightsBenchSettings, progress: Any) -> dict[str
         "tensors": len(tensors),
         "fastest_bucket_mib": round(fastest["bucket_bytes"] / MIB, 3),
         "fastest_update_ms": fastest["update_ms_median"],
+        # Hashing on the leader plus checking on the slowest member, as a share of the update time.
+        "digest_share_at_fastest": fastest["digest_share_median"],
         # How many times faster the fastest bucket size updates than one broadcast per tensor (records
         # before issue 25: ``speedup_over_per_tensor``, same direction).
         times_faster_key("fastest", "per_tensor"): _rounded(
@@ -154,8 +179,10 @@ def run_weights_bench(settings: WeightsBenchSettings, progress: Any) -> dict[str
         "notes": [
             "gloo over loopback on this machine (a CPU group); each member copies every tensor into a "
             "model of its own and drops it, as vLLM's loader does",
-            "update time: the leader's first send to the last member's last tensor; member peak extra: "
+            "update time: the leader's first hash to the last member's last tensor; member peak extra: "
             "the rise of the member's peak RSS over the updates, beyond its model",
+            f"digest ({ALGORITHM}): the leader hashes every bucket before it sends (threads: one a core), "
+            "each member checks every bucket as it arrives; share = (hash + slowest check) / update time",
         ],
         "settings": asdict(settings),
     }
@@ -174,6 +201,9 @@ def render_weights_table(record: dict[str, Any]) -> str:
             row["update_ms_max"],
             row["mb_per_s"],
             row["member_peak_extra_mib"],
+            row["trainer_hash_ms_median"],
+            row["member_verify_ms_median"],
+            f"{100 * row['digest_share_median']:.0f} %",
         ]
         for row in record["bucket_sizes"]
     ]
@@ -184,5 +214,8 @@ def render_weights_table(record: dict[str, Any]) -> str:
         "update max (ms)",
         "MB/s",
         "member peak extra (MiB)",
+        "trainer hash (ms)",
+        "member check (ms)",
+        "digest share of update",
     ]
     return markdown_table(headers, rows)

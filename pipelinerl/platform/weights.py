@@ -13,14 +13,22 @@ reads them there when it joins, so both sides are built the same way from one de
 gloo (CPU buffers; a GPU member copies each bucket to its device), NCCL (buffers on the GPUs) and,
 for a trainer and an actor sharing one GPU, CUDA IPC (each bucket's handle through the store, a gloo
 barrier once every member has copied it; ``cuda_ipc``).
+
+The collective is neither encrypted nor authenticated, so the notice carries a digest of every bucket
+(``digests``, ``weight_digest``) and a member checks each bucket it receives against it before it
+hands out any tensor of that bucket (``receive``). A member that finds a bucket altered still takes
+part in every later broadcast of the update (the trainer's broadcast must complete), hands out
+nothing more, and then raises ``BucketsRefused``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -32,13 +40,24 @@ import torch.distributed as dist
 from pipelinerl.platform.cuda_ipc import export, open_exported
 from pipelinerl.platform.dtypes import DTYPES, dtype_name
 from pipelinerl.platform.stores import gloo_device, host_store
-from pipelinerl.platform.weight_buckets import plan_buckets
+from pipelinerl.platform.weight_buckets import Bucket, plan_buckets
+from pipelinerl.platform.weight_digest import bucket_digest, digest_matches
 
 TRAINER_RANK = 0
 Backend = Literal["gloo", "nccl", "ipc"]
 BACKENDS: tuple[Backend, ...] = ("gloo", "nccl", "ipc")
 MIB = 1 << 20
 TERMS_KEY = "weights/terms"
+
+
+class BucketsRefused(ValueError):
+    """An update whose ``buckets`` (indices in the bucket plan) did not match the notice's digests:
+    raised by ``WeightGroup.receive`` after the update's last broadcast, so nothing is left hanging."""
+
+    def __init__(self, buckets: list[int], reason: str) -> None:
+        super().__init__(f"bucket(s) {buckets} refused: {reason}")
+        self.buckets = buckets
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -117,6 +136,7 @@ class WeightGroup:
             options._timeout = timeout
             self._group = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
         self._updates = 0  # updates sent or received so far: names the ipc handles in the store
+        self.last_verify_s = 0.0  # seconds the last ``receive`` spent checking digests
 
     @classmethod
     def lead(
@@ -158,15 +178,27 @@ class WeightGroup:
         terms = GroupTerms(published["backend"], int(published["bucket_bytes"]))
         return cls(store, rank, world_size, terms, timeout, torch.device(device), host)
 
+    def plan(self, tensors: Sequence[torch.Tensor]) -> list[Bucket]:
+        """The buckets ``send`` broadcasts ``tensors`` in, on this group's bucket size."""
+        return plan_buckets(
+            [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors], self.terms.bucket_bytes
+        )
+
+    def digests(self, tensors: Sequence[torch.Tensor]) -> list[bytes]:
+        """Rank 0: the digest of every bucket ``send`` will broadcast of ``tensors``, for the notice
+        (``WeightUpdate.bucket_digests``): each bucket's members hashed end to end, which is the digest
+        of the flattened bucket without building it. Buckets are hashed on several threads (hashlib
+        lets go of the GIL)."""
+        plan = self.plan(tensors)
+        with ThreadPoolExecutor(max_workers=max(1, min(len(plan), os.cpu_count() or 1))) as pool:
+            return list(pool.map(lambda bucket: bucket_digest(tensors[i] for i in bucket.members), plan))
+
     def send(self, tensors: Sequence[torch.Tensor]) -> float:
         """Rank 0: broadcast every tensor, bucket by bucket; returns seconds taken."""
         if self.rank != TRAINER_RANK:
             raise RuntimeError(f"weight-group rank {self.rank} receives; only rank 0 sends")
         started = time.perf_counter()
-        plan = plan_buckets(
-            [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors], self.terms.bucket_bytes
-        )
-        for number, bucket in enumerate(plan):
+        for number, bucket in enumerate(self.plan(tensors)):
             if bucket.numel == 0:  # nothing to move (members make theirs up)
                 continue
             parts = [tensors[index].reshape(-1) for index in bucket.members]
@@ -178,28 +210,59 @@ class WeightGroup:
         self._updates += 1
         return time.perf_counter() - started
 
-    def receive(self, shapes: Sequence[Sequence[int]], dtypes: Sequence[str]) -> Iterator[torch.Tensor]:
+    def receive(
+        self,
+        shapes: Sequence[Sequence[int]],
+        dtypes: Sequence[str],
+        digests: Sequence[bytes] | None = None,
+    ) -> Iterator[torch.Tensor]:
         """A member: each tensor of one update, in order, on this member's device, as it arrives.
 
         The tensors are views into their bucket's buffer, which lives as long as one of them does:
         a consumer that copies each tensor and drops it (a model loader) holds one bucket at a time.
+
+        With ``digests`` (the notice's, one per bucket), a bucket's tensors are handed out only once
+        its bytes match its digest. From the first bucket that does not, nothing more is handed out;
+        every later bucket is still received (every member takes part in every broadcast of the
+        update, or the trainer's would hang) and checked, and then ``BucketsRefused`` names them all.
+        Digests that are not one per bucket refuse every bucket. ``None``: no check (benchmarks, tests).
         """
         if self.rank == TRAINER_RANK:
             raise RuntimeError("weight-group rank 0 sends; members receive")
-        wire_device = self.device if self.terms.backend == "nccl" else torch.device("cpu")
-        for number, bucket in enumerate(plan_buckets(shapes, dtypes, self.terms.bucket_bytes)):
-            if bucket.numel == 0:
-                flat = torch.empty(0, dtype=DTYPES[bucket.dtype], device=self.device)
-            elif self.terms.backend == "ipc":
-                flat = self._take_over(number)
-            else:
-                flat = torch.empty(bucket.numel, dtype=DTYPES[bucket.dtype], device=wire_device)
-                self._broadcast(flat)
+        plan = plan_buckets(shapes, dtypes, self.terms.bucket_bytes)
+        refused: list[int] = []
+        self.last_verify_s = 0.0
+        reason = "its bytes differ from the digest the notice announced"
+        if digests is not None and len(digests) != len(plan):
+            refused = list(range(len(plan)))
+            reason = f"the notice has {len(digests)} digests for {len(plan)} buckets"
+        for number, bucket in enumerate(plan):
+            flat = self._receive_bucket(number, bucket)
+            if digests is not None and number not in refused:
+                checked = time.perf_counter()
+                if not digest_matches(digests[number], flat):
+                    refused.append(number)
+                self.last_verify_s += time.perf_counter() - checked
+            if refused:
+                continue
             if flat.device != self.device:
                 flat = flat.to(self.device)
             for index, offset, size in zip(bucket.members, bucket.offsets, bucket.sizes, strict=True):
                 yield flat[offset : offset + size].view(list(shapes[index]))
         self._updates += 1
+        if refused:
+            raise BucketsRefused(refused, reason)
+
+    def _receive_bucket(self, number: int, bucket: Bucket) -> torch.Tensor:
+        """A member: bucket ``number``'s flattened buffer, where it arrived (the CPU for gloo)."""
+        if bucket.numel == 0:
+            return torch.empty(0, dtype=DTYPES[bucket.dtype], device=self.device)
+        if self.terms.backend == "ipc":
+            return self._take_over(number)
+        wire_device = self.device if self.terms.backend == "nccl" else torch.device("cpu")
+        flat = torch.empty(bucket.numel, dtype=DTYPES[bucket.dtype], device=wire_device)
+        self._broadcast(flat)
+        return flat
 
     def _hand_over(self, number: int, flat: torch.Tensor) -> None:
         """ipc, rank 0: publish the bucket's CUDA handle, wait until every member has copied it."""

@@ -46,6 +46,9 @@ import numpy as np
 import numpy.typing as npt
 import zmq
 
+from pipelinerl.platform.weight_buckets import plan_buckets
+from pipelinerl.platform.weight_digest import DIGEST_BYTES
+
 # Only plain numeric dtypes may travel: these cover token ids, policy versions and log-probs, and
 # refusing everything else (objects, strings, structured dtypes) keeps a frame a dumb buffer.
 ALLOWED_DTYPES: Final = frozenset({"int32", "int64", "float32"})
@@ -54,6 +57,7 @@ Int32Array: TypeAlias = npt.NDArray[np.int32]
 Float32Array: TypeAlias = npt.NDArray[np.float32]
 
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+Digest = Annotated[bytes, msgspec.Meta(min_length=DIGEST_BYTES, max_length=DIGEST_BYTES)]
 MAX_STREAM_NAME: Final = 128  # characters of an Envelope's stream name
 
 
@@ -221,7 +225,13 @@ class TrainBatch(WireStruct, tag=True):
 
 
 class WeightUpdate(WireStruct, tag=True):
-    """Trainer -> actors (PUB/SUB notice); the tensors follow by torch.distributed broadcast."""
+    """Trainer -> actors (PUB/SUB notice); the tensors follow by torch.distributed broadcast.
+
+    ``bucket_digests``: the digest of every bucket of the broadcast (``weight_digest``), in the order
+    of the bucket plan of the tensors on ``bucket_bytes`` (``weight_buckets``), so an actor can tell
+    bytes injected into the unauthenticated collective from the trainer's. Both default to none (a
+    notice from before digests still decodes; an actor loads nothing from it); given, they must
+    be exactly one per bucket, or the notice is malformed."""
 
     policy_version: NonNegativeInt
     parameter_names: list[str]
@@ -229,6 +239,8 @@ class WeightUpdate(WireStruct, tag=True):
     parameter_dtypes: list[str]
     samples_trained: NonNegativeInt
     created_at: float
+    bucket_bytes: NonNegativeInt = 0
+    bucket_digests: list[Digest] = []
 
     def __post_init__(self) -> None:
         n_parameters = len(self.parameter_names)
@@ -236,6 +248,18 @@ class WeightUpdate(WireStruct, tag=True):
             raise ValueError(
                 f"WeightUpdate lists {n_parameters} names, {len(self.parameter_shapes)} shapes and "
                 f"{len(self.parameter_dtypes)} dtypes; they must be equal"
+            )
+        if not self.bucket_digests:
+            return
+        if any(len(digest) != DIGEST_BYTES for digest in self.bucket_digests):  # msgspec checks decoding
+            raise ValueError(f"WeightUpdate.bucket_digests must each be {DIGEST_BYTES} bytes")
+        if self.bucket_bytes < 1:
+            raise ValueError("WeightUpdate.bucket_digests come without the bucket size they were planned on")
+        n_buckets = len(plan_buckets(self.parameter_shapes, self.parameter_dtypes, self.bucket_bytes))
+        if len(self.bucket_digests) != n_buckets:
+            raise ValueError(
+                f"WeightUpdate carries {len(self.bucket_digests)} bucket digests for the {n_buckets} buckets "
+                f"of its tensors in {self.bucket_bytes}-byte buckets; they must be equal"
             )
 
 

@@ -31,6 +31,18 @@ Each weight update the actor loads appends a record to ``actor<k>.jsonl`` in the
 the update pause, tokens/s and the idle fraction since the previous update (time blocked on a full
 rollout queue, waiting for weights, or with nothing in flight).
 
+Every bucket of an update is checked against the digest its notice announced (``weight_digest``)
+before any tensor of it is loaded. An update with a bucket that does not match is refused whole:
+the actor receives the rest of it (so the trainer's broadcast completes), loads none of it, keeps its
+weights and version, counts the refused buckets (``actor/weight_buckets_refused``, in a record of its
+own, without a pause) and logs a warning naming the version and the buckets; half an update loaded
+is worse than none (a model no version describes). The next update that verifies replaces all
+tensors, so the actor catches up then. A conventional round waiting for the refused version goes
+on with the weights it has (its tokens stamped with their version), rather than waiting for an
+update that will never load. On the vllm engine the workers receive and check the buckets; a refused
+update stops the actor with that error (its loader may have loaded the buckets before the refused
+one: not verified here, no vLLM on the machine this was written on).
+
 Threads, and who owns what:
 
 * **main** (``run``: ``run_pipeline`` or ``run_conventional``): the generation loop. It alone submits
@@ -92,7 +104,12 @@ from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.numbering import actor_sender
 from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.transport import Receiver, Sender, run_keys
-from pipelinerl.platform.weights import WeightGroup, saved_tensor_shapes, weight_update_problem
+from pipelinerl.platform.weights import (
+    BucketsRefused,
+    WeightGroup,
+    saved_tensor_shapes,
+    weight_update_problem,
+)
 from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
 from pipelinerl.tasks import build_task
 from pipelinerl.tasks.base import Problem
@@ -245,6 +262,9 @@ class Actor:
         self.idle_started: float | None = None
         self.metrics = JsonlWriter(run_dir / f"actor{actor_id}.jsonl")
         self._last_report = (time.monotonic(), 0, 0.0)  # (when, tokens, idle seconds)
+        self._report_lock = threading.Lock()  # async mode: the main thread loads, the weights thread refuses
+        self.buckets_refused = 0  # weight buckets whose bytes did not match the notice's digest
+        self.refused_version = -1  # the newest update refused (a conventional round does not wait for it)
 
     def _transformers_engine(self, model_path: Path, max_prompt_tokens: int) -> Engine[torch.nn.Module]:
         from pipelinerl.workers.engines.transformers_engine import TransformersEngine  # noqa: PLC0415 (transformers>=5.20, absent from vLLM's env)
@@ -332,8 +352,15 @@ class Actor:
                     self.receive_into_engine(self.workers_engine, notice)
 
     def receive_into_staging(self, weight_group: WeightGroup, notice: WeightUpdate) -> None:
-        """transformers: this process receives the tensors from the weight group into ``staged``."""
-        buffers = list(weight_group.receive(notice.parameter_shapes, notice.parameter_dtypes))
+        """transformers: this process receives the tensors from the weight group into ``staged``, every
+        bucket checked against the notice's digests; an update with a bucket refused stages nothing."""
+        try:
+            buffers = list(
+                weight_group.receive(notice.parameter_shapes, notice.parameter_dtypes, notice.bucket_digests)
+            )
+        except BucketsRefused as refused:
+            self.refuse(notice, refused)
+            return
         with self.staged.lock:
             self.staged.version = notice.policy_version
             self.staged.names = list(notice.parameter_names)
@@ -352,7 +379,12 @@ class Actor:
 
     def receive_into_engine(self, engine: WorkersEngine, notice: WeightUpdate) -> None:
         """vllm: the engine's workers take the tensors from the weight group themselves."""
-        tensors = (list(notice.parameter_names), notice.parameter_shapes, notice.parameter_dtypes)
+        tensors = (
+            list(notice.parameter_names),
+            notice.parameter_shapes,
+            notice.parameter_dtypes,
+            list(notice.bucket_digests),
+        )
         if not loads_on_receipt(self.config.run.mode):  # staged in the workers, loaded when the actor drains
             # Receiving replaces the workers' staged tensors: it must not interleave with a load of the
             # previous ones (apply_staged, under the same lock), or that load would take these tensors
@@ -375,6 +407,25 @@ class Actor:
         with self.weights_ready:
             self.weights_ready.notify_all()
 
+    def refuse(self, notice: WeightUpdate, refused: BucketsRefused) -> None:
+        """An update whose buckets ``refused`` did not match its digests: none of it was staged or
+        loaded. Count, warn, record, and wake a conventional round waiting for it."""
+        self.buckets_refused += len(refused.buckets)
+        self.refused_version = max(self.refused_version, notice.policy_version)
+        for bucket in refused.buckets:
+            logger.warning(
+                "weights v%d: bucket %d refused (%s)", notice.policy_version, bucket, refused.reason
+            )
+        logger.warning(
+            "weights v%d not applied: %d of its buckets refused; the actor keeps weights v%d",
+            notice.policy_version,
+            len(refused.buckets),
+            self.engine.policy_version,
+        )
+        self.report(None)
+        with self.weights_ready:
+            self.weights_ready.notify_all()
+
     def loaded(self, pause: float) -> None:
         self.pauses_s.append(pause)
         self.report(pause)
@@ -385,29 +436,34 @@ class Actor:
             self.engine.num_in_flight,
         )
 
-    def report(self, pause_s: float) -> None:
-        """One record per loaded update: its pause, and tokens/s and idle time since the last one."""
-        now, tokens, idle = time.monotonic(), self.tokens_generated, self.idle_s
-        started = self.idle_started
-        if started is not None:
-            idle += now - started
-        then, tokens_then, idle_then = self._last_report
-        self._last_report = (now, tokens, idle)
-        elapsed = max(now - then, 1e-9)
-        self.metrics.write(
-            {
-                registry.ACTOR_ID: self.actor_id,
-                registry.POLICY_VERSION: self.engine.policy_version,
-                registry.TIME: time.time(),
-                registry.UPDATE_PAUSE_MS: 1000 * pause_s,
-                registry.ACTOR_TOKENS_PER_S: (tokens - tokens_then) / elapsed,
-                registry.ACTOR_IDLE_FRACTION: min(1.0, (idle - idle_then) / elapsed),
-                registry.ACTOR_IN_FLIGHT: self.engine.num_in_flight,
-                registry.ACTOR_TOKENS_GENERATED: tokens,
-                registry.ACTOR_MALFORMED: self.notices.malformed_count,
-                registry.ACTOR_NOTICES_LOST: self.notices.lost_count,
-            }
-        )
+    def report(self, pause_s: float | None) -> None:
+        """One record per loaded update: its pause, and tokens/s and idle time since the last one. A
+        refused update (``pause_s`` None) gets one too, without a pause: its count is on record even
+        when no update loads after it."""
+        with self._report_lock:
+            now, tokens, idle = time.monotonic(), self.tokens_generated, self.idle_s
+            started = self.idle_started
+            if started is not None:
+                idle += now - started
+            then, tokens_then, idle_then = self._last_report
+            self._last_report = (now, tokens, idle)
+            elapsed = max(now - then, 1e-9)
+            pause = {} if pause_s is None else {registry.UPDATE_PAUSE_MS: 1000 * pause_s}
+            self.metrics.write(
+                {
+                    registry.ACTOR_ID: self.actor_id,
+                    registry.POLICY_VERSION: self.engine.policy_version,
+                    registry.TIME: time.time(),
+                    **pause,
+                    registry.ACTOR_TOKENS_PER_S: (tokens - tokens_then) / elapsed,
+                    registry.ACTOR_IDLE_FRACTION: min(1.0, (idle - idle_then) / elapsed),
+                    registry.ACTOR_IN_FLIGHT: self.engine.num_in_flight,
+                    registry.ACTOR_TOKENS_GENERATED: tokens,
+                    registry.ACTOR_MALFORMED: self.notices.malformed_count,
+                    registry.ACTOR_NOTICES_LOST: self.notices.lost_count,
+                    registry.ACTOR_WEIGHT_BUCKETS_REFUSED: self.buckets_refused,
+                }
+            )
 
     @contextlib.contextmanager
     def idle(self) -> Iterator[None]:
@@ -534,10 +590,13 @@ class Actor:
             self.wait_for_version(this_round.next_version)
 
     def wait_for_version(self, version: int) -> None:
-        """Block until the engine runs ``version`` (or the run stops)."""
+        """Block until the engine runs ``version``, that version's update was refused (the round goes
+        on with the weights the actor has), or the run stops."""
         with self.idle(), self.weights_ready:
             self.weights_ready.wait_for(
-                lambda: wait_over(self.engine.policy_version, version, self.stop.is_set())
+                lambda: wait_over(
+                    max(self.engine.policy_version, self.refused_version), version, self.stop.is_set()
+                )
             )
 
     def run(self) -> None:

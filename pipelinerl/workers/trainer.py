@@ -489,7 +489,9 @@ class Trainer:
     def _publish(self) -> float:
         """Notice + broadcast of the current weights to every actor; returns seconds taken.
 
-        Every rank enters the ZeRO-3 gather (a collective); only rank 0 talks to the actors.
+        Every rank enters the ZeRO-3 gather (a collective); only rank 0 talks to the actors. The notice
+        carries the digest of every bucket the broadcast will carry (``WeightGroup.digests``), hashed
+        before the notice goes out: the actors load nothing that does not match it.
         """
         named = self._parameters()
         params = [param for _, param in named]
@@ -498,6 +500,7 @@ class Trainer:
             if self.weight_group is None or self.notices is None:
                 return 0.0
             tensors = [param.detach() for param in params]
+            digests = self.weight_group.digests(tensors)
             self.notices.send(
                 WeightUpdate(
                     policy_version=self.policy_version,
@@ -506,6 +509,8 @@ class Trainer:
                     parameter_dtypes=[dtype_name(t) for t in tensors],
                     samples_trained=self.samples_trained,
                     created_at=time.time(),
+                    bucket_bytes=self.weight_group.terms.bucket_bytes,
+                    bucket_digests=digests,
                 )
             )
             self.weight_group.send(tensors)

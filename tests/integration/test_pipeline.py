@@ -341,6 +341,8 @@ def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random
                 parameter_dtypes=[dtype_name(t) for t in tensors],
                 samples_trained=0,
                 created_at=time.time(),
+                bucket_bytes=group.terms.bucket_bytes,  # the digest of every bucket (weight_digest)
+                bucket_digests=group.digests(tensors),
             )
         )
         group.send(tensors)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import threading
+import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -13,10 +15,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipelinerl.platform.weights import MIB, TERMS_KEY, WeightGroup, weight_backend
+from pipelinerl.platform.dtypes import dtype_name
+from pipelinerl.platform.weights import MIB, TERMS_KEY, BucketsRefused, WeightGroup, weight_backend
 from tests.conftest import worker_port
 
 PORT = 28200  # 28200-28219
+BUCKET_BYTES = 4096
 
 
 def update() -> list[torch.Tensor]:
@@ -173,5 +177,81 @@ def test_gpu_members_receive_every_tensor_exactly(backend, gpus):
             assert all(torch.equal(a.cpu(), b) for a, b in zip(sent, received, strict=True))
     finally:
         member.join(timeout=60)
+        if member.is_alive():
+            member.kill()
+
+
+# ----- digests: an injected bucket is refused (more in test_weight_digest_refusal.py) -----
+
+
+class InjectingGroup(WeightGroup):
+    """Trainer rank 0 whose broadcast number ``tampered`` of an update (0, 1, ...; the bucket of that
+    number where no bucket is empty) carries other bytes than those it hashed for the notice: what a
+    stranger injecting into the unauthenticated collective achieves. Only ``_broadcast`` differs."""
+
+    tampered: int | None = None
+    broadcasts = 0
+
+    def send(self, tensors: Sequence[torch.Tensor]) -> float:
+        self.broadcasts = 0
+        return super().send(tensors)
+
+    def _broadcast(self, flat: torch.Tensor) -> None:
+        if self.broadcasts == self.tampered:
+            flat = flat.clone()  # a one-tensor bucket is a view of the trainer's own weights
+            flat.view(torch.uint8)[3] ^= 0x10
+        self.broadcasts += 1
+        super()._broadcast(flat)
+
+
+def digested_update(scale: float) -> list[torch.Tensor]:
+    """Four buckets of 4096 bytes: 1024 float32, 1024 float32, 2048 bfloat16, then 16 float32."""
+    generator = torch.Generator().manual_seed(1)
+    return [
+        scale * torch.randn(32, 32, generator=generator),
+        scale * torch.randn(1024, generator=generator),
+        (scale * torch.randn(64, 32, generator=generator)).to(torch.bfloat16),
+        scale * torch.randn(4, 4, generator=generator),
+    ]
+
+
+def _digest_member(port: int, shapes: list, dtypes: list, notices: Any, out: Any) -> None:
+    """A member process: receive each update as an actor stages it (all of it, or nothing), checked
+    against the digests of its notice (``notices``: as the actor's notice socket hands them over)."""
+    group = WeightGroup.join("127.0.0.1", port, 1, 2, timeout_s=60)
+    for _ in range(2):
+        expected = notices.get(timeout=60)
+        try:
+            out.put(("received", [t.clone() for t in group.receive(shapes, dtypes, expected)]))
+        except BucketsRefused as refused:
+            out.put(("refused", refused.buckets))
+
+
+def test_a_member_process_refuses_an_injected_bucket_and_the_next_update_arrives_whole() -> None:
+    port = worker_port(PORT + 15)
+    tampered, clean = digested_update(1.0), digested_update(-2.0)
+    shapes, dtypes = [list(t.shape) for t in tampered], [dtype_name(t) for t in tampered]
+    context = multiprocessing.get_context("spawn")
+    notices, out = context.Queue(), context.Queue()
+    member = context.Process(target=_digest_member, args=(port, shapes, dtypes, notices, out), daemon=True)
+    member.start()
+    try:
+        leader = InjectingGroup.lead("127.0.0.1", port, 2, bucket_bytes=BUCKET_BYTES, timeout_s=60)
+        assert len(leader.plan(tampered)) == 4
+        started = time.monotonic()
+        # As the trainer does: the digests of what it will send, announced before it sends.
+        notices.put(leader.digests(tampered))
+        leader.tampered = 2  # the bfloat16 bucket
+        leader.send(tampered)  # returns: the member took part in every broadcast
+        notices.put(leader.digests(clean))
+        leader.tampered = None
+        leader.send(clean)
+        assert time.monotonic() - started < 30
+        assert out.get(timeout=30) == ("refused", [2])
+        kind, received = out.get(timeout=30)
+        assert kind == "received"
+        assert all(torch.equal(a, b) for a, b in zip(clean, received, strict=True))
+    finally:
+        member.join(timeout=30)
         if member.is_alive():
             member.kill()

@@ -161,6 +161,7 @@ ACTOR_TOKENS_PER_S, ACTOR_IDLE_FRACTION = "throughput/actor_tokens_per_s", "acto
 UPDATE_PAUSE_MS, ACTOR_IN_FLIGHT = "weights/update_pause_ms", "actor/in_flight"
 ACTOR_TOKENS_GENERATED = "actor/tokens_generated"
 ACTOR_MALFORMED, ACTOR_NOTICES_LOST = "actor/malformed", "actor/notices_lost"
+ACTOR_WEIGHT_BUCKETS_REFUSED = "actor/weight_buckets_refused"
 PER_ACTOR = "actor/{actor}/"  # the per-actor MLflow names: this prefix and the actor metric
 # The preprocessor, one record per batch sent (preprocessor.jsonl), its counts at the end (.final.json).
 QUEUE_ROLLOUTS, PREPROCESSOR_HELD_S = "queue/rollouts", "preprocessor/held_s"
@@ -295,6 +296,9 @@ _STAGE_METRICS: tuple[Metric, ...] = (
            mlflow=True, actors="sum"),
     Metric(ACTOR_NOTICES_LOST, "actor", "count", "weight-update notices numbered but never received",
            records=_ACTOR, mlflow=True, actors="sum"),
+    Metric(ACTOR_WEIGHT_BUCKETS_REFUSED, "actor", "count", "weight buckets refused so far: their bytes "
+           "did not match the notice's digest (the update was not loaded)", records=_ACTOR, mlflow=True,
+           actors="sum"),
     Metric(QUEUE_ROLLOUTS, "preprocessor", "rollouts", "rollouts waiting to be batched",
            records=_PRE, mlflow=True),
     Metric(PREPROCESSOR_HELD_S, "preprocessor", "s", "seconds the batch was held back for the trainer",

@@ -56,8 +56,15 @@ class EngineWorkers(Protocol):
     the workers take the tensors from the weight group themselves. Each call returns the seconds the
     slowest worker took."""
 
-    def receive_and_load(self, names: list[str], shapes: list[list[int]], dtypes: list[str]) -> float:
-        """Receive one update over the weight group and load it."""
+    def receive_and_load(
+        self,
+        names: list[str],
+        shapes: list[list[int]],
+        dtypes: list[str],
+        digests: list[bytes] | None = None,
+    ) -> float:
+        """Receive one update over the weight group and load it, each bucket checked against ``digests``
+        (the notice's; None: unchecked)."""
         ...
 
     def load_received(self) -> float:
@@ -98,7 +105,13 @@ class WorkersEngine(Engine[EngineWorkers], Protocol):
     """An engine whose workers are the weight-group members (vLLM): they can also receive an update
     into staging buffers without loading it (the actor's async mode loads it when it drains)."""
 
-    def receive_weights(self, names: list[str], shapes: list[list[int]], dtypes: list[str]) -> float: ...
+    def receive_weights(
+        self,
+        names: list[str],
+        shapes: list[list[int]],
+        dtypes: list[str],
+        digests: list[bytes] | None = None,
+    ) -> float: ...
 
 
 def iter_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

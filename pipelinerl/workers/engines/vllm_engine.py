@@ -122,9 +122,16 @@ class VLLMWorkers:
     def __init__(self, engine: VLLMEngine) -> None:
         self._engine = engine
 
-    def receive_and_load(self, names: list[str], shapes: list[list[int]], dtypes: list[str]) -> float:
-        """Receive one update over the weight group and load it (one ``reload_weights`` call)."""
-        return max(self._engine.rpc("pipelinerl_receive_and_load", names, shapes, dtypes))
+    def receive_and_load(
+        self,
+        names: list[str],
+        shapes: list[list[int]],
+        dtypes: list[str],
+        digests: list[bytes] | None = None,
+    ) -> float:
+        """Receive one update over the weight group and load it (one ``reload_weights`` call), each
+        bucket checked against ``digests`` (the notice's) first."""
+        return max(self._engine.rpc("pipelinerl_receive_and_load", names, shapes, dtypes, digests))
 
     def tokens_in_flight(self) -> dict[str, tuple[int, int]]:
         """``request id -> (output tokens so far, last token)`` in the engine's batch (first worker's
@@ -355,13 +362,20 @@ class VLLMEngine:
 
     # ----- weights -----
 
-    def receive_weights(self, names: list[str], shapes: list[list[int]], dtypes: list[str]) -> float:
+    def receive_weights(
+        self,
+        names: list[str],
+        shapes: list[list[int]],
+        dtypes: list[str],
+        digests: list[bytes] | None = None,
+    ) -> float:
         """Receive an update into the workers' staging buffers, to load later with
-        ``update_weights(version, lambda workers: workers.load_received())`` (the actor's async mode).
+        ``update_weights(version, lambda workers: workers.load_received())`` (the actor's async mode);
+        each bucket checked against ``digests`` (the notice's).
 
         The call runs between two engine steps: generation stalls while the tensors arrive.
         """
-        return max(self.rpc("pipelinerl_receive", names, shapes, dtypes))
+        return max(self.rpc("pipelinerl_receive", names, shapes, dtypes, digests))
 
     @contextmanager
     def paused(self) -> Iterator[VLLMWorkers]:

@@ -17,6 +17,10 @@ Invariants, each learnt the hard way on vLLM 0.32 (``ENVIRONMENT.md``):
   (log-probs off by about 1 on the test models, no error).
 * Tensors arrive through the process group, never as ``collective_rpc`` arguments (those are
   serialised into lists).
+* Every bucket is checked against the notice's digests before the loader gets any tensor of it
+  (``WeightGroup.receive``); a refused bucket ends the receive with ``BucketsRefused`` once the
+  update's last broadcast is in, which fails the call. Streaming into ``reload_weights``, the buckets
+  before the refused one may already be loaded (not verified: no vLLM where this was written).
 * Method names carry a ``pipelinerl_`` prefix: vLLM refuses an extension whose names already exist
   on the worker (``update_weights``, ``reload_weights``, ... are taken).
 
@@ -62,7 +66,11 @@ class WeightGroupExtension:
         return rank
 
     def pipelinerl_receive_and_load(
-        self, names: list[str], shapes: list[list[int]], dtypes: list[str]
+        self,
+        names: list[str],
+        shapes: list[list[int]],
+        dtypes: list[str],
+        digests: list[bytes] | None = None,
     ) -> float:
         """Receive every tensor of one update and load them all in one ``reload_weights`` call.
 
@@ -71,15 +79,23 @@ class WeightGroupExtension:
         """
         started = time.perf_counter()
         self.reload_weights(  # type: ignore[attr-defined]
-            weights_iterator=self._pipelinerl_receive(names, shapes, dtypes), is_checkpoint_format=True
+            weights_iterator=self._pipelinerl_receive(names, shapes, dtypes, digests),
+            is_checkpoint_format=True,
         )
         self.pipelinerl_refresh_tied_lm_head()
         return time.perf_counter() - started
 
-    def pipelinerl_receive(self, names: list[str], shapes: list[list[int]], dtypes: list[str]) -> float:
-        """Receive one update into staging buffers (loaded later by ``pipelinerl_load_received``)."""
+    def pipelinerl_receive(
+        self,
+        names: list[str],
+        shapes: list[list[int]],
+        dtypes: list[str],
+        digests: list[bytes] | None = None,
+    ) -> float:
+        """Receive one update into staging buffers (loaded later by ``pipelinerl_load_received``);
+        an update with a refused bucket stages nothing."""
         started = time.perf_counter()
-        self._pipelinerl_staged = list(self._pipelinerl_receive(names, shapes, dtypes))
+        self._pipelinerl_staged = list(self._pipelinerl_receive(names, shapes, dtypes, digests))
         return time.perf_counter() - started
 
     def pipelinerl_load_received(self) -> float:
@@ -124,8 +140,8 @@ class WeightGroupExtension:
         return True
 
     def _pipelinerl_receive(
-        self, names: list[str], shapes: list[list[int]], dtypes: list[str]
+        self, names: list[str], shapes: list[list[int]], dtypes: list[str], digests: list[bytes] | None
     ) -> Iterator[tuple[str, torch.Tensor]]:
         if self._pipelinerl_group is None:
             raise RuntimeError("this worker has not joined a weight group (pipelinerl_join_weight_group)")
-        yield from zip(names, self._pipelinerl_group.receive(shapes, dtypes), strict=True)
+        yield from zip(names, self._pipelinerl_group.receive(shapes, dtypes, digests), strict=True)

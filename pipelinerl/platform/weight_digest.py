@@ -1,0 +1,72 @@
+"""The digest of a weight bucket: what an actor checks before it loads any tensor of that bucket.
+
+The weight group (``weights``) carries the tensors over a torch.distributed collective that is
+neither encrypted nor authenticated: a stranger who reaches the trainer's store can join it or
+inject bytes into a broadcast. The ``WeightUpdate`` notice travels over the authenticated ZeroMQ
+channel, so it carries one digest per bucket (``weight_buckets``), computed by the trainer before it
+sends the notice; a member recomputes the digest of every bucket it receives and loads nothing from
+a bucket whose digest differs.
+
+What is hashed: the bucket's raw bytes, exactly as they cross the wire: the flattened buffer, its
+members' elements end to end in tensor order, each element in the machine's (little-endian) byte
+order, whatever its dtype (bfloat16 included: numpy cannot hold it, so the bytes are read through a
+``torch.uint8`` view). Hashing the members one after the other gives the digest of their
+concatenation, so the trainer need not build the flattened bucket to hash it.
+
+The hash is SHA-256 from the standard library. The notice is authenticated, so a keyless hash is
+enough: forging a bucket means finding other bytes with the same digest (a second preimage), which
+SHA-256 rules out. BLAKE2b is as sound; SHA-256 is chosen because OpenSSL runs it on the CPU's SHA
+instructions, which x86 servers have had for years: 1.6 GB/s a core on the machine of
+docs/benchmarks.md, twice BLAKE2b's 0.8 GB/s there. ``hashlib`` releases the GIL while it hashes, so
+buckets may be hashed on several threads at once. Importing this module loads no torch (``wire``
+reads ``DIGEST_BYTES`` here).
+
+GPU paths (NCCL broadcast of CUDA tensors, CUDA IPC between processes sharing a GPU): not verified
+here (no GPU on the machine this was written on). The bucket lives in GPU memory, and this module
+hashes on the host, so each side copies every bucket to the host to hash it: a device-to-host copy
+of the whole model per update on the trainer and on every member (at ~25 GB/s over PCIe 4 x16, ~40
+ms a GB, plus the hashing itself at ~1.6 GB/s a core: ~0.6 s a GB single-threaded), where the
+broadcast itself would never leave the GPUs. That cost can exceed the broadcast's; a GPU-side hash
+(a keyless cryptographic hash as a CUDA kernel) would avoid the copy, and none is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+ALGORITHM = "sha256"
+DIGEST_BYTES = 32  # what every bucket digest in a notice is long
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The raw bytes of ``tensor``'s elements in row-major order, as the flattened bucket holds them.
+
+    A tensor on a GPU is copied to the host; a non-contiguous one is copied into row-major order
+    first (``reshape``), which is the order the trainer flattens it in."""
+    import torch  # noqa: PLC0415 (the wire imports DIGEST_BYTES from here and must not load torch)
+
+    flat = tensor.detach().reshape(-1)
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    flat = flat.contiguous()
+    return flat.view(torch.uint8).numpy().data
+
+
+def bucket_digest(parts: Iterable[torch.Tensor]) -> bytes:
+    """The digest of the bytes of ``parts`` end to end: one tensor (a received flattened bucket), or
+    the members of a bucket in order (the trainer, before it flattens them): both give the same."""
+    hasher = hashlib.new(ALGORITHM)
+    for part in parts:
+        hasher.update(tensor_bytes(part))
+    return hasher.digest()
+
+
+def digest_matches(expected: bytes, bucket: torch.Tensor) -> bool:
+    """Whether the received flattened ``bucket`` has the digest the notice announced."""
+    return hmac.compare_digest(expected, bucket_digest([bucket]))

@@ -1,0 +1,186 @@
+"""Digests over real gloo weight groups, members on threads: a bucket injected into the broadcast
+(bytes other than those the trainer hashed for its notice) is refused, nothing of it is handed out
+or loaded into the actor's model, and every broadcast of the update still completes. (The same
+between two processes: ``test_weight_group``.)"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from pipelinerl.platform.dtypes import dtype_name
+from pipelinerl.platform.jsonl import JsonlWriter
+from pipelinerl.platform.tracking import metric_registry as registry
+from pipelinerl.platform.weights import BucketsRefused, WeightGroup
+from pipelinerl.platform.wire import WeightUpdate
+from pipelinerl.workers.actor import Actor
+from pipelinerl.workers.staged_weights import StagedWeights
+from tests.conftest import worker_port
+from tests.integration.test_weight_group import BUCKET_BYTES, InjectingGroup, digested_update
+
+PORT = 28220  # 28220-28229
+
+
+def form(port: int, bucket_bytes: int) -> tuple[InjectingGroup, WeightGroup]:
+    joined: list[WeightGroup] = []
+    thread = threading.Thread(
+        target=lambda: joined.append(WeightGroup.join("127.0.0.1", port, 1, 2, timeout_s=30)), daemon=True
+    )
+    thread.start()
+    leader = InjectingGroup.lead("127.0.0.1", port, 2, bucket_bytes=bucket_bytes, timeout_s=30)
+    thread.join(timeout=30)
+    return leader, joined[0]
+
+
+def receive_in_thread(target: Any, *args: Any) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_streaming_consumer_gets_nothing_of_the_refused_bucket_or_after_it() -> None:
+    leader, member = form(worker_port(PORT + 1), BUCKET_BYTES)
+    tensors = digested_update(1.0)
+    shapes, dtypes = [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors]
+    handed_out: list[torch.Tensor] = []
+    errors: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            for tensor in member.receive(shapes, dtypes, leader.digests(tensors)):
+                handed_out.append(tensor.clone())
+        except BucketsRefused as refused:
+            errors.append(refused)
+
+    thread = receive_in_thread(consume)
+    leader.tampered = 1
+    leader.send(tensors)
+    thread.join(timeout=30)
+    assert [error.buckets for error in errors if isinstance(error, BucketsRefused)] == [[1]]
+    assert len(handed_out) == 1 and torch.equal(handed_out[0], tensors[0])  # bucket 0 only
+
+
+def test_digests_that_are_not_one_per_bucket_refuse_every_bucket_yet_take_part() -> None:
+    leader, member = form(worker_port(PORT + 2), BUCKET_BYTES)
+    tensors = digested_update(1.0)
+    shapes, dtypes = [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors]
+    errors: list[BucketsRefused] = []
+
+    def consume() -> None:
+        try:
+            list(member.receive(shapes, dtypes, leader.digests(tensors)[:3]))
+        except BucketsRefused as refused:
+            errors.append(refused)
+
+    thread = receive_in_thread(consume)
+    leader.send(tensors)
+    thread.join(timeout=30)
+    assert errors and errors[0].buckets == [0, 1, 2, 3] and "3 digests for 4 buckets" in errors[0].reason
+
+
+# ----- the actor: refused, counted, nothing loaded, then caught up -----
+
+
+class Model(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.zeros(32, 32))
+        self.b = torch.nn.Parameter(torch.zeros(1024))
+        self.c = torch.nn.Parameter(torch.zeros(64, 32, dtype=torch.bfloat16))
+        self.d = torch.nn.Parameter(torch.zeros(4, 4))
+
+
+class StubEngine:
+    """The engine as ``apply_staged`` sees it: ``load(model)`` inside ``update_weights``."""
+
+    def __init__(self) -> None:
+        self.model = Model()
+        self.policy_version = 0
+        self.num_in_flight = 0
+
+    def update_weights(self, new_version: int, load: Any) -> float:
+        with torch.no_grad():
+            load(self.model)
+        self.policy_version = new_version
+        return 0.001
+
+
+def bare_actor(run_dir: Path) -> Actor:
+    """An actor with only what receiving and loading an update touch (no model files, no sockets)."""
+    actor = Actor.__new__(Actor)
+    actor.config = SimpleNamespace(run=SimpleNamespace(mode="pipeline"))  # type: ignore[assignment]
+    actor.actor_id = 0
+    actor.engine = StubEngine()  # type: ignore[assignment]
+    actor.staged = StagedWeights()
+    actor.weights_ready = threading.Condition()
+    actor.notices = SimpleNamespace(malformed_count=0, lost_count=0)  # type: ignore[assignment]
+    actor.metrics = JsonlWriter(run_dir / "actor0.jsonl")
+    actor.pauses_s, actor.tokens_generated, actor.idle_s, actor.idle_started = [], 0, 0.0, None
+    actor._last_report = (time.monotonic(), 0, 0.0)
+    actor._report_lock = threading.Lock()
+    actor.buckets_refused, actor.refused_version = 0, -1
+    return actor
+
+
+def test_the_actor_refuses_a_tampered_update_whole_counts_it_and_loads_the_next(tmp_path, caplog) -> None:
+    leader, member = form(worker_port(PORT + 3), BUCKET_BYTES)
+    actor = bare_actor(tmp_path)
+    names = ["a", "b", "c", "d"]
+
+    def publish(version: int, tensors: list[torch.Tensor], tampered: int | None) -> None:
+        notice = WeightUpdate(
+            policy_version=version,
+            parameter_names=names,
+            parameter_shapes=[list(t.shape) for t in tensors],
+            parameter_dtypes=[dtype_name(t) for t in tensors],
+            samples_trained=0,
+            created_at=0.0,
+            bucket_bytes=BUCKET_BYTES,
+            bucket_digests=leader.digests(tensors),
+        )
+        thread = receive_in_thread(actor.receive_into_staging, member, notice)
+        leader.tampered = tampered
+        leader.send(tensors)  # completes: the actor took part in every broadcast
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+
+    with caplog.at_level(logging.WARNING, logger="pipelinerl.actor"):
+        publish(1, digested_update(1.0), tampered=3)  # the last bucket: the first three arrived intact
+    model = actor.engine.model  # type: ignore[attr-defined]
+    assert all(not param.any() for param in model.parameters()), "nothing of a refused update loads"
+    assert actor.engine.policy_version == 0 and actor.staged.version == -1
+    assert actor.buckets_refused == 1 and actor.refused_version == 1
+    assert "weights v1: bucket 3 refused" in caplog.text and "keeps weights v0" in caplog.text
+
+    sent = digested_update(-2.0)
+    publish(2, sent, tampered=None)
+    assert actor.engine.policy_version == 2
+    assert all(torch.equal(param, tensor) for param, tensor in zip(model.parameters(), sent, strict=True))
+    actor.metrics.close()
+    records = [json.loads(line) for line in (tmp_path / "actor0.jsonl").read_text().splitlines()]
+    assert [r[registry.ACTOR_WEIGHT_BUCKETS_REFUSED] for r in records] == [1, 1]
+    assert registry.UPDATE_PAUSE_MS not in records[0] and registry.UPDATE_PAUSE_MS in records[1]
+
+
+def test_a_conventional_round_waiting_for_a_refused_version_goes_on(tmp_path) -> None:
+    actor = bare_actor(tmp_path)
+    actor.stop = SimpleNamespace(is_set=lambda: False)  # type: ignore[assignment]
+    actor.refused_version = 3
+    started = time.monotonic()
+    actor.wait_for_version(3)  # returns at once: version 3 will never load
+    assert time.monotonic() - started < 1
+    waiter = receive_in_thread(actor.wait_for_version, 4)
+    waiter.join(timeout=0.3)
+    assert waiter.is_alive(), "version 4 is neither loaded nor refused yet"
+    actor.refused_version = 4
+    with actor.weights_ready:
+        actor.weights_ready.notify_all()
+    waiter.join(timeout=5)
+    assert not waiter.is_alive()
