@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -82,6 +83,9 @@ class ClusterError(RuntimeError):
 class ClusterState(BaseModel):
     plan: ClusterPlan
     processes: list[StackProcess] = Field(default_factory=list)
+    relays: dict[str, str] = Field(
+        default_factory=dict, description="Host -> the namespace of the relay that impairs its link."
+    )
     deployments: dict[str, str] = Field(default_factory=dict)
     ready: bool = False
 
@@ -309,10 +313,57 @@ def run_on(
 
 def set_link(state: ClusterState, host: str, up: bool) -> None:
     """Cut (``up=False``) or restore ``host``'s link to the bridge."""
-    _ip(
-        set_link_command(state.plan, state.plan.host(host), up),
-        f"setting {host}'s link {'up' if up else 'down'}",
-    )
+    command = set_link_command(state.plan, state.plan.host(host), up)
+    if host in state.relays:  # the cable's far end is in the relay's namespace now
+        command[2] = state.relays[host]
+    _ip(command, f"setting {host}'s link {'up' if up else 'down'}")
+
+
+def impair_link(state: ClusterState, host: str, delay_ms: float, loss: float, seed: int = 0) -> None:
+    """Put a delaying, dropping relay (``flows/netns_relay.py``) on ``host``'s cable: every frame
+    to and from the host waits ``delay_ms`` and a ``loss`` fraction is dropped, each way."""
+    from pipelinerl.flows.netns_relay import tx_checksum_off  # noqa: PLC0415 (fcntl, ctypes: here only)
+
+    plan = state.plan
+    target = plan.host(host)
+    relay_ns = f"{plan.prefix}-r-{host}"
+    for each in plan.hosts:  # frames must leave every host whole and at most an MTU long
+        host_call(plan, each.name, partial(tx_checksum_off, "eth0"))
+        _ip(["ip", "-n", each.namespace, "link", "set", "eth0", "gso_max_segs", "1"], "limiting GSO")
+    net, cable, wire = plan.bridge_namespace, target.bridge_port, f"r-{host}"[:15]
+    for command in (
+        ["ip", "netns", "add", relay_ns],
+        ["ip", "-n", net, "link", "set", cable, "netns", relay_ns],
+        ["ip", "-n", net, "link", "add", wire, "type", "veth", "peer", "name", "wire", "netns", relay_ns],
+        ["ip", "-n", net, "link", "set", wire, "master", "br0", "up"],
+        ["ip", "-n", relay_ns, "link", "set", cable, "promisc", "on", "up"],
+        ["ip", "-n", relay_ns, "link", "set", "wire", "promisc", "on", "up"],
+    ):
+        _ip(command, f"impairing {host}'s link")
+    state.relays[host] = relay_ns
+    relay = [
+        sys.executable, "-m", "pipelinerl.flows.netns_relay", cable, "wire",
+        "--delay-ms", str(delay_ms), "--loss", str(loss), "--seed", str(seed),
+    ]  # fmt: skip
+    proc = stack.start_process(
+        f"relay-{host}", "dashboard", ["ip", "netns", "exec", relay_ns, *relay], dict(os.environ),
+        logs_dir(plan.home) / f"relay-{host}.log", "SIGTERM",
+    )  # fmt: skip
+    state.processes.append(proc)
+    write_state(state)
+
+
+def clear_impairment(state: ClusterState, host: str) -> None:
+    """Take the relay off ``host``'s cable: the cable goes back onto the bridge."""
+    relay_ns = state.relays.pop(host)
+    relay = next(p for p in state.processes if p.name == f"relay-{host}")
+    stack.stop_processes([relay])
+    state.processes.remove(relay)
+    net, cable = state.plan.bridge_namespace, state.plan.host(host).bridge_port
+    _ip(["ip", "-n", relay_ns, "link", "set", cable, "netns", net], f"restoring {host}'s link")
+    _ip(["ip", "-n", net, "link", "set", cable, "master", "br0", "up"], f"restoring {host}'s link")
+    remove_namespaces([relay_ns])
+    write_state(state)
 
 
 def kill_host(state: ClusterState, host: str) -> list[int]:
@@ -550,7 +601,8 @@ def _teardown(state: ClusterState, grace_s: float = KILL_WAIT_S) -> None:
     for proc in workers:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pgid, signal.SIGINT)
-    remove_namespaces(list(reversed(state.plan.namespaces)), grace_s)
+    namespaces = [*state.relays.values(), *reversed(state.plan.namespaces)]
+    remove_namespaces(namespaces, grace_s)
     for proc in state.processes:
         stack.reap(proc.pid)
     if state.plan.postgres_dir is not None:

@@ -33,6 +33,7 @@ from pipelinerl.flows.netns_cluster import (
     head_url,
     host_call,
     http_json,
+    impair_link,
     join_stranger,
     kill_host,
     namespace_pids,
@@ -52,9 +53,9 @@ BASE_PORT = 21100  # every host has its own ports: no clash with the other test 
 WORKER_QUERY_S = "2"  # how often the workers look for flow runs (Prefect's default: 10 s)
 STEPS = 16  # long enough for a stranger's attempts and a Prefect server restart while it trains
 PREFECT_DOWN_S = 10.0  # the head's Prefect server stays stopped this long mid-run
-FAULT_STEPS = 40  # the faulted run: long enough to go on after each fault
+FAULT_STEPS = 24  # the faulted run: long enough to go on after each fault
 LINK_DOWN_S = 30.0
-HEARTBEAT_TIMEOUT_S = 20  # the faulted run's cluster.heartbeat_timeout_s
+HEARTBEAT_TIMEOUT_S = 15  # the faulted run's cluster.heartbeat_timeout_s
 
 
 @pytest.fixture(scope="module")
@@ -337,6 +338,16 @@ def test_a_stranger_on_the_cluster_network_gets_nothing_in_and_nothing_out(multi
     assert trainer[-1]["trainer/unauthenticated"] >= 1, "the notices publisher refused the stranger"
 
 
+def test_each_node_is_a_subflow_that_streams_its_own_stages(cluster, multihost_run):
+    roles = {r["name"].rsplit("-", 1)[1]: r for r in role_flow_runs(cluster, multihost_run.run_dir)}
+    assert all(r["parent_task_run_id"] is not None for r in roles.values()), "linked to the rl-run"
+    body = {"logs": {"flow_run_id": {"any_": [roles["actor1"]["id"]]}}, "limit": 200}
+    messages = [log["message"] for log in http_json(cluster.plan, api(cluster, "/logs/filter"), body)]
+    assert any(m.startswith("[actor1]") for m in messages), "actor1's flow run has its stage's logs"
+    assert not any(m.startswith("[actor0]") for m in messages), "and not those of the other node"
+    assert any("on host actor-" in m for m in messages), "and says which host it runs on"
+
+
 def test_the_run_and_its_flow_runs_outlive_a_prefect_server_restart(cluster, multihost_run):
     away, version = multihost_run.prefect_away_s, multihost_run.version_at_prefect_restart
     print(f"Prefect API away {away:.1f} s from version {version}")
@@ -484,6 +495,49 @@ def test_nothing_is_trained_twice_across_the_faults(cluster, faulted_run):
 
 
 # ----- the harness itself -----
+
+
+def test_an_impaired_link_delays_and_drops_frames(tmp_path):
+    """The relay on a host's cable (``flows/netns_relay.py``; this kernel has no ``netem``): a TCP
+    connection's handshake takes the round trip, and a transfer completes through the drops."""
+    if why := cannot_make_namespaces():
+        pytest.skip(f"network namespaces: {why}")
+    prefix = f"{PREFIX}r"
+    netns_cluster.down(prefix=prefix)
+    plan = plan_cluster(tmp_path, prefix, [("head", "head"), ("actor-0", "actors")])
+    state = ClusterState(plan=plan)
+    try:
+        netns_cluster.make_network(plan)
+        impair_link(state, "actor-0", delay_ms=50, loss=0.01, seed=0)
+        receiver = (
+            "import socket, sys; s = socket.create_server(('actor-0', 9000)); c, _ = s.accept(); n = 0\n"
+            "while (d := c.recv(1 << 20)): n += len(d)\n"
+            "print(n)"
+        )
+        listening = subprocess.Popen(
+            ["ip", "netns", "exec", plan.host("actor-0").namespace, sys.executable, "-c", receiver],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        sender = (
+            "import socket, time\n"
+            "for _ in range(100):\n"
+            "    try: started = time.monotonic(); s = socket.create_connection(('actor-0', 9000)); break\n"
+            "    except OSError: time.sleep(0.1)\n"
+            "print(round(1000 * (time.monotonic() - started), 1)); s.sendall(b'x' * 2_000_000); s.close()"
+        )
+        sent = run_on(state, "head", [sys.executable, "-c", sender], timeout_s=120)
+        assert sent.returncode == 0, sent.stderr
+        received, _ = listening.communicate(timeout=120)
+        handshake_ms = float(sent.stdout.split()[-1])
+        print(f"handshake {handshake_ms} ms through the relay")
+        assert handshake_ms >= 95, "a round trip of 2 x 50 ms"
+        assert int(received) == 2_000_000, "TCP delivered everything through 1 % loss"
+        relay_log = (tmp_path / "cluster" / "logs" / "relay-actor-0.log").read_text()
+        assert "50 ms each way, 1.00% loss" in relay_log
+    finally:
+        netns_cluster.down(prefix=prefix)
+    assert netns_cluster.namespaces_with_prefix(prefix) == []
 
 
 def test_down_removes_what_an_interrupted_cluster_left(tmp_path):

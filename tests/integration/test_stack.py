@@ -1,15 +1,13 @@
 """The local stack (``pipelinerl up`` / ``down``): real Prefect and MLflow servers, process workers,
-the registered deployments, Prefect's run form in a real browser, and two runs submitted through the
+the registered deployments, Prefect's run form in a real browser, and a run submitted through the
 Prefect API.
 
 One stack is started for the module in a temporary home on free ports (below the ephemeral range);
-the tests run in order and the last one stops it. Two runs of the ``rl-run`` deployment, submitted
-together so that they overlap, carry the properties of the runs (one property per test):
-
-* a run placed on the pools (two actor nodes), whose actor 0 is killed once the trainer has reached
-  version 3: it restarts from its checkpoint, completes and tracks to the stack's MLflow server;
-* a run with the default local placement, cancelled once it trains: its stages' logs and MLflow link
-  reached Prefect while it ran, and the cancel stops every stage.
+the tests run in order and the last one stops it. Its Prefect server keeps its state in a fresh
+PostgreSQL database (SQLite answered "database is locked" to the form on a loaded machine). The run,
+with the default local placement, is cancelled once it trains: its stages' logs, progress and MLflow
+link reached Prefect while it ran, and the cancel stops every stage. Runs placed on the pools (over
+several hosts, with their crashes and restarts) are tests/integration/test_multihost.py's.
 """
 
 from __future__ import annotations
@@ -17,14 +15,11 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import socket
-import threading
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,8 +33,6 @@ from prefect.client.schemas.filters import (
     ArtifactFilterFlowRunId,
     DeploymentFilter,
     DeploymentFilterId,
-    FlowRunFilter,
-    FlowRunFilterName,
     LogFilter,
     LogFilterFlowRunId,
 )
@@ -57,7 +50,7 @@ from pipelinerl.flows.stack import StackError, down, group_members, read_state, 
 from pipelinerl.platform.config import load_config
 from pipelinerl.platform.tracking.store import PlatformStore
 from tests.browser import headless_chromium
-from tests.conftest import wait_until, worker_port
+from tests.conftest import fresh_postgres_database, wait_until, worker_port
 
 # The module's runs share one stack: its first tests wait for runs that take minutes on a loaded machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -110,19 +103,27 @@ def stack(tmp_path_factory):
     started = time.monotonic()
     # The stack's processes take their environment from this one: its workers poll for flow runs more
     # often than by default, so the runs' hand-offs between pools wait less (what they do is the same).
-    before = os.environ.get("PREFECT_WORKER_QUERY_SECONDS")
-    os.environ["PREFECT_WORKER_QUERY_SECONDS"] = WORKER_QUERY_S
-    try:
-        state = up(home, prefect_port, mlflow_port, ui_port=ui_port)
-    finally:
-        if before is None:
-            os.environ.pop("PREFECT_WORKER_QUERY_SECONDS", None)
-        else:
-            os.environ["PREFECT_WORKER_QUERY_SECONDS"] = before
-    print(f"stack up in {time.monotonic() - started:.1f} s")
-    yield state
-    if state_path(state.home).exists():  # a test failed before test_down_stops_everything
-        down(state.home)
+    # Its Prefect server keeps its state in PostgreSQL, as docs/cluster.md has it on a cluster.
+    with fresh_postgres_database() as database:
+        prefect_database = database.replace("postgresql://", "postgresql+asyncpg://", 1)
+        settings = {
+            "PREFECT_WORKER_QUERY_SECONDS": WORKER_QUERY_S,
+            "PREFECT_API_DATABASE_CONNECTION_URL": prefect_database,
+        }
+        before = {name: os.environ.get(name) for name in settings}
+        os.environ.update(settings)
+        try:
+            state = up(home, prefect_port, mlflow_port, ui_port=ui_port)
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        print(f"stack up in {time.monotonic() - started:.1f} s")
+        yield state
+        if state_path(state.home).exists():  # a test failed before test_down_stops_everything
+            down(state.home)
 
 
 def prefect(state, work: Callable[[Any], Awaitable[T]]) -> T:
@@ -153,17 +154,6 @@ def small_config(random_model_dir: Path, tmp_path: Path, max_steps: int) -> dict
         ],
     )
     return config.model_dump(mode="json")
-
-
-def role_flow_runs(state, run_dir: Path) -> list:
-    """The ``rl-role`` flow runs of a run placed on the pools (named ``<run-id>-<role><node>``)."""
-
-    async def work(client):
-        return await client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=f"{run_dir.name}-"))
-        )
-
-    return sorted(prefect(state, work), key=lambda run: run.created)
 
 
 def submit(state, parameters: dict[str, Any], deployment: str = "rl-run/default") -> str:
@@ -264,19 +254,6 @@ def processes_mentioning(text: str) -> list[tuple[int, str]]:
         if text in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE:
             found.append((process.info["pid"], cmdline[:200]))
     return found
-
-
-def reached_version(runs: Path, version: int) -> Path | None:
-    """The run directory under ``runs`` once its trainer has logged ``policy_version >= version``."""
-    for metrics in runs.glob("*/metrics.jsonl"):
-        text = metrics.read_text()
-        complete = text[: text.rfind("\n") + 1]  # a line being written is read next time
-        if any(json.loads(line)["policy_version"] >= version for line in complete.splitlines()):
-            return metrics.parent
-    return None
-
-
-# ----- the stack itself -----
 
 
 def test_up_serves_prefect_mlflow_and_the_deployments(stack):
@@ -507,62 +484,6 @@ def test_a_good_change_is_submitted_with_its_value(
 # ----- the two runs -----
 
 
-class ActorKiller:
-    """SIGKILLs actor 0 of the run under ``runs`` once its trainer has reached ``version``, from a
-    thread: the crash comes at that point of training whatever the test is waiting for meanwhile."""
-
-    def __init__(self, runs: Path, version: int) -> None:
-        self.runs, self.version = runs, version
-        self.killed: int | None = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._watch, name="actor-killer", daemon=True)
-
-    def _kill_when_reached(self) -> int | None:
-        run_dir = reached_version(self.runs, self.version)
-        if run_dir is None:
-            return None
-        for pid, cmdline in processes_mentioning(str(run_dir)):
-            if "--actor-id 0" in cmdline:
-                os.kill(pid, signal.SIGKILL)
-                return pid
-        return None
-
-    def _watch(self) -> None:
-        try:
-            self.killed = wait_until(
-                self._kill_when_reached,
-                RUN_TIMEOUT_S,
-                f"training to reach version {self.version} (then actor 0 is killed)",
-                interval_s=0.2,
-            )
-        except BaseException as error:  # pytest.fail's exception, raised in this thread: for the test
-            self.error = error
-
-
-@dataclass
-class SubmittedRun:
-    flow_run_id: str
-    runs: Path  # the run's output directory (its run directory appears in it)
-    killer: ActorKiller | None = None
-
-
-@pytest.fixture(scope="module")
-def pools_submitted(stack, random_model_dir, tmp_path_factory) -> SubmittedRun:
-    """rl-run submitted through the Prefect client, placed on the pools with two actor nodes (each
-    role node an rl-role flow run); actor 0 is killed at version 3, the run restarts once from its
-    checkpoint (version 2) and trains to version 6."""
-    directory = tmp_path_factory.mktemp("pools-run")
-    config = small_config(random_model_dir, directory, max_steps=6)
-    config["cluster"].update(placement="pools", actor_nodes=2)
-    config["actor"].update(num_actors=2, max_in_flight=8)
-    config["run"].update(max_restarts=1)
-    config["trainer"].update(checkpoint_every=2)
-    flow_run_id = submit(stack, {"config": config})
-    killer = ActorKiller(directory / "runs", version=3)
-    killer.thread.start()
-    return SubmittedRun(flow_run_id, directory / "runs", killer)
-
-
 @dataclass
 class CancelledRun:
     flow_run_id: str
@@ -575,10 +496,9 @@ class CancelledRun:
 
 
 @pytest.fixture(scope="module")
-def cancelled_run(stack, random_model_dir, tmp_path_factory, pools_submitted) -> CancelledRun:
+def cancelled_run(stack, random_model_dir, tmp_path_factory) -> CancelledRun:
     """The same deployment with the default local placement (its stages' logs go to the rl-run flow
-    run itself), cancelled through the API once it trains. Submitted after the pools run, which
-    trains meanwhile."""
+    run itself), cancelled through the API once it trains."""
     directory = tmp_path_factory.mktemp("cancelled-run")
     flow_run_id = submit(stack, {"config": small_config(random_model_dir, directory, max_steps=200)})
     runs = directory / "runs"
@@ -652,108 +572,10 @@ def test_a_cancelled_run_is_marked_killed_in_mlflow(stack, cancelled_run):
     )
 
 
-# ----- the run on the pools: a crash, a restart from the checkpoint, completion and tracking -----
-
-
-@dataclass
-class PoolsRun:
-    flow_run_id: str
-    run_dir: Path
-    final: Any  # the rl-run flow run once final
-    summary: dict[str, Any]
-    first: list  # the role flow runs of the first attempt (actor 0 killed), by creation
-    second: list  # those of the restart
-
-
-@pytest.fixture(scope="module")
-def pools_run(stack, pools_submitted) -> PoolsRun:
-    killer = pools_submitted.killer
-    assert killer is not None
-    killer.thread.join(RUN_TIMEOUT_S + 60)
-    if killer.error is not None or killer.killed is None:
-        pytest.fail(f"actor 0 was never killed: {killer.error}\n{worker_log(stack)}")
-    final = wait_for_final_state(stack, pools_submitted.flow_run_id, RUN_TIMEOUT_S)
-    (run_dir,) = pools_submitted.runs.iterdir()
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    roles = role_flow_runs(stack, run_dir)
-    return PoolsRun(pools_submitted.flow_run_id, run_dir, final, summary, roles[:3], roles[3:])
-
-
-ROLE_NODES = {"trainer0": "rl-role/trainers", "actor0": "rl-role/actors", "actor1": "rl-role/actors"}
-
-
-def node_of(role_run) -> str:
-    return role_run.name.rsplit("-", 1)[1]
-
-
-def test_rl_run_deployment_on_the_pools_completes(stack, pools_run):
-    state = pools_run.final.state
-    assert state.is_completed(), f"{state}\n{flow_run_logs(stack, pools_run.flow_run_id)}"
-    assert pools_run.final.end_time is not None
-    assert pools_run.summary["steps"] == 6 and pools_run.summary["final_policy_version"] == 6
-    assert pools_run.summary["placement"] == "pools"
-
-
-def test_each_role_node_runs_as_a_flow_run_of_its_pools_deployment(stack, pools_run):
-    deployment_of = {str(d_id): name for name, d_id in stack.deployments.items()}
-    for attempt in (pools_run.first, pools_run.second):
-        assert sorted(run.name for run in attempt) == sorted(
-            f"{pools_run.run_dir.name}-{node}" for node in ROLE_NODES
-        ), [(run.name, run.state_name) for run in pools_run.first + pools_run.second]
-        assert {node_of(run): deployment_of[str(run.deployment_id)] for run in attempt} == ROLE_NODES
-        assert all(run.parent_task_run_id is not None for run in attempt), "linked to the rl-run as subflows"
-    assert all(run.state.is_completed() for run in pools_run.second), [
-        (run.name, run.state) for run in pools_run.second
-    ]
-
-
-def test_each_node_streams_its_own_stages(stack, pools_run):
-    actor1 = next(run for run in pools_run.second if node_of(run) == "actor1")
-    messages = flow_run_messages(stack, str(actor1.id))
-    assert any("[actor1]" in m for m in messages), "actor1's flow run has its stage's logs"
-    assert not any("[actor0]" in m for m in messages), "and not those of the other node"
-
-
-def test_both_actor_nodes_generate(pools_run):
-    # Each actor wrote its own records in the shared run directory.
-    assert all((pools_run.run_dir / f"actor{k}.jsonl").stat().st_size > 0 for k in (0, 1))
-
-
-def test_a_crashed_role_on_the_pools_restarts_from_its_checkpoint(stack, pools_run):
-    assert pools_run.summary["restarts"] == 1
-    (first_actor,) = (run for run in pools_run.first if node_of(run) == "actor0")
-    assert first_actor.state.is_failed()
-    assert "stage actor0 exited with code -9" in first_actor.state.message
-    (first_trainer,) = (run for run in pools_run.first if node_of(run) == "trainer0")
-    assert first_trainer.state.is_cancelled(), "the rest of the first attempt was cancelled"
-    messages = flow_run_messages(stack, pools_run.flow_run_id)
-    assert any("restart 1 of 1 from the checkpoint" in m for m in messages), flow_run_logs(
-        stack, pools_run.flow_run_id
-    )
-
-
-def test_the_run_tracks_to_the_stacks_mlflow(stack, pools_run):
-    # Found by its flow run's tag: the MLflow run is tagged with the rl-run's flow-run id.
-    (mlflow_run,) = mlflow_runs_of(stack, pools_run.flow_run_id)
-    assert mlflow_run.info.status == "FINISHED"
-    assert mlflow_run.info.run_id == (pools_run.run_dir / "mlflow_run_id").read_text()
-    assert mlflow_run.data.params["run.max_steps"] == "6"
-    assert mlflow_run.data.params["cluster.placement"] == "pools"
-
-
-def test_the_run_publishes_its_progress_and_mlflow_link_as_artifacts(stack, pools_run):
-    by_key = artifacts_of(stack, pools_run.flow_run_id)
+def test_the_run_publishes_its_progress_as_a_table_artifact(stack, cancelled_run):
+    # (The runs placed on the pools, their crashes and restarts: tests/integration/test_multihost.py.)
+    by_key = artifacts_of(stack, cancelled_run.flow_run_id)
     assert by_key["rl-run-progress"].type == "table"
-    assert "MLflow run" in by_key["rl-run-mlflow"].data
-    # Published while the run ran (once its MLflow run existed), not only after it ended: before the
-    # launcher wrote the run's summary.json, its last act.
-    summary_written = datetime.fromtimestamp((pools_run.run_dir / "summary.json").stat().st_mtime, UTC)
-    assert by_key["rl-run-mlflow"].created < summary_written
-
-
-def test_no_stage_outlives_the_completed_run(pools_run):
-    assert not processes_mentioning(str(pools_run.run_dir))
 
 
 # ----- down -----
