@@ -105,7 +105,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20  # transport.max_message_mib's default, 
 # takes a plain TCP client for. A socket without keys has no ZAP handler: every ZMTP 3 peer passes.
 ZAP_DOMAIN = b"pipelinerl"
 
-_SOCKET_TYPES = {"push": zmq.PUSH, "pub": zmq.PUB, "pull": zmq.PULL, "sub": zmq.SUB}
+_SOCKET_TYPES = {"push": zmq.PUSH, "pub": zmq.PUB, "xpub": zmq.XPUB, "pull": zmq.PULL, "sub": zmq.SUB}
 
 
 def _milliseconds_until(deadline: float) -> int:
@@ -207,6 +207,8 @@ class _Socket:
         self.socket.setsockopt(zmq.RCVHWM, high_water_mark)
         if kind == "sub":
             self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        if kind == "xpub":  # every subscription and, as a subscriber goes, its unsubscription
+            self.socket.setsockopt(zmq.XPUB_VERBOSER, 1)
         if kind == "push" and not bind:
             self.socket.setsockopt(zmq.IMMEDIATE, 1)
         try:
@@ -255,13 +257,18 @@ class _Socket:
 
 
 class Sender(_Socket):
-    """Sends wire messages on a PUSH (bounded, blocking when full) or PUB socket."""
+    """Sends wire messages on a PUSH (bounded, blocking when full), PUB or XPUB socket.
+
+    An XPUB is a PUB that sees its subscribers come and go (``subscribers``): a PUB drops what it
+    sends before a subscriber's subscription has arrived (ZeroMQ's "slow joiner"), which on a slow
+    link can be the first notice a stage must not miss; the sender waits for them first
+    (``wait_for_subscribers``)."""
 
     def __init__(
         self,
         context: zmq.Context,
         address: str,
-        kind: Literal["push", "pub"],
+        kind: Literal["push", "pub", "xpub"],
         bind: bool,
         high_water_mark: int = DEFAULT_HIGH_WATER_MARK,
         *,
@@ -271,8 +278,8 @@ class Sender(_Socket):
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         name: str | None = None,
     ) -> None:
-        if kind not in ("push", "pub"):
-            raise ValueError(f"Sender kind must be 'push' or 'pub', got {kind!r}")
+        if kind not in ("push", "pub", "xpub"):
+            raise ValueError(f"Sender kind must be 'push', 'pub' or 'xpub', got {kind!r}")
         # Unique to this socket (and so to this incarnation of its stage); ``name`` says whose it is,
         # and is what a receiver pins (``numbering``).
         sender = name or kind
@@ -295,6 +302,7 @@ class Sender(_Socket):
         )
         self.stream = stream
         self.sent_count = 0
+        self._subscribers = 0
 
     def send(self, message: Message, timeout_s: float | None = None) -> bool:
         """Send ``message``; True once ZeroMQ has queued it.
@@ -313,7 +321,7 @@ class Sender(_Socket):
                 f"{self.max_message_bytes / 2**20:.1f} MiB every receiver accepts: "
                 "raise transport.max_message_mib"
             )
-        if timeout_s is None or self.kind == "pub":
+        if timeout_s is None or self.kind in ("pub", "xpub"):
             self.socket.send_multipart(frames)
             self.sent_count += 1
             return True
@@ -331,6 +339,29 @@ class Sender(_Socket):
                     return True
             if time.monotonic() >= deadline:
                 return False
+
+    def subscribers(self) -> int:
+        """XPUB: the subscribers there now (each one's subscription counted in, its unsubscription,
+        when it goes, out). Only authenticated peers get as far as subscribing."""
+        if self.kind != "xpub":
+            raise ValueError(f"a {self.kind} socket does not see its subscribers; use 'xpub'")
+        while self.socket.poll(0, zmq.POLLIN):
+            frame = self.socket.recv()
+            if frame[:1] == b"\x01":
+                self._subscribers += 1
+            elif frame[:1] == b"\x00":
+                self._subscribers = max(0, self._subscribers - 1)
+        return self._subscribers
+
+    def wait_for_subscribers(self, count: int, timeout_s: float, poll_s: float = 0.01) -> bool:
+        """XPUB: wait until at least ``count`` subscribers are there, at most ``timeout_s``; whether
+        they are."""
+        deadline = time.monotonic() + timeout_s
+        while self.subscribers() < count:
+            if time.monotonic() >= deadline:
+                return False
+            self.socket.poll(int(poll_s * 1000), zmq.POLLIN)
+        return True
 
 
 class Receiver(_Socket):

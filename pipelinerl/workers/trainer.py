@@ -60,6 +60,10 @@ from pipelinerl.workers.policy_step import concat_records, micro_batch_loss
 logger = logging.getLogger("pipelinerl.trainer")
 
 BATCH_WAIT_S = 1.0  # how long one receive waits before the loop checks its deadline again
+# How long a weight update waits for every stage to subscribe to the notices before it is published to
+# those there are: the first one (stages still connecting over a slow link), and later ones (a stage
+# reconnecting; a stage that died is not waited for long).
+FIRST_NOTICE_SUBSCRIBERS_WAIT_S, NOTICE_SUBSCRIBERS_WAIT_S = 30.0, 2.0
 
 
 def deepspeed_config(config: PipelineConfig, bf16: bool = False) -> dict[str, Any]:
@@ -220,7 +224,7 @@ class Trainer:
             self.notices = Sender(
                 self.zmq_context,
                 transport.address("weights"),
-                "pub",
+                "xpub",
                 bind=True,
                 keys=keys,
                 max_message_bytes=transport.max_message_bytes,
@@ -501,6 +505,18 @@ class Trainer:
                 return 0.0
             tensors = [param.detach() for param in params]
             digests = self.weight_group.digests(tensors)
+            # Every actor must hear of the update before the broadcast that waits for all of them:
+            # on a slow link a subscription can arrive after a first notice, which a PUB drops.
+            subscribers = self.config.actor.num_actors + 1  # the actors and the preprocessor
+            wait_s = NOTICE_SUBSCRIBERS_WAIT_S if self.notices.sent_count else FIRST_NOTICE_SUBSCRIBERS_WAIT_S
+            if not self.notices.wait_for_subscribers(subscribers, wait_s):
+                logger.warning(
+                    "weights v%d: %d of %d stages subscribe to the notices after %.0f s; publishing anyway",
+                    self.policy_version,
+                    self.notices.subscribers(),
+                    subscribers,
+                    wait_s,
+                )
             self.notices.send(
                 WeightUpdate(
                     policy_version=self.policy_version,

@@ -30,6 +30,7 @@ from pipelinerl.flows import netns_cluster
 from pipelinerl.flows.netns_cluster import (
     ClusterState,
     cannot_make_namespaces,
+    clear_impairment,
     head_url,
     host_call,
     http_json,
@@ -51,6 +52,8 @@ PREFIX = f"pt{os.environ.get('PYTEST_XDIST_WORKER', 'gw0')}"  # one cluster per 
 RUN_TIMEOUT_S = 600.0  # a bound on a hang: the run takes about a minute
 BASE_PORT = 21100  # every host has its own ports: no clash with the other test worker
 WORKER_QUERY_S = "2"  # how often the workers look for flow runs (Prefect's default: 10 s)
+ACTOR_HOSTS = ("actor-0", "actor-1", "actor-2")
+IMPAIRED_DELAY_MS, IMPAIRED_LOSS = 50.0, 0.01  # on every actor link during the first run
 STEPS = 16  # long enough for a stranger's attempts and a Prefect server restart while it trains
 PREFECT_DOWN_S = 10.0  # the head's Prefect server stays stopped this long mid-run
 FAULT_STEPS = 24  # the faulted run: long enough to go on after each fault
@@ -185,6 +188,9 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
         "actor.num_actors=2",
         "cluster.actor_nodes=2",
     )
+    # Every actor host's link delays each frame 50 ms each way and drops 1 % (a relay on its cable).
+    for seed, host in enumerate(ACTOR_HOSTS):
+        impair_link(cluster, host, delay_ms=IMPAIRED_DELAY_MS, loss=IMPAIRED_LOSS, seed=seed)
     flow_run_id = launch_on_head(cluster, config)
     runs = directory / "runs"
     run = MultiHostRun(flow_run_id, Path(), {}, {})
@@ -248,6 +254,8 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
         return answer if answer["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
 
     run.final = wait_until(final, RUN_TIMEOUT_S, "the multi-host run to end", interval_s=0.5)
+    for host in ACTOR_HOSTS:
+        clear_impairment(cluster, host)
     summary = run.run_dir / "summary.json"
     run.summary = json.loads(summary.read_text()) if summary.exists() else {}
     return run
@@ -274,6 +282,25 @@ def test_the_run_launched_on_head_completes_across_the_hosts(multihost_run):
     assert multihost_run.final["state"]["type"] == "COMPLETED", multihost_run.final["state"]
     assert multihost_run.summary["steps"] == STEPS and multihost_run.summary["final_policy_version"] == STEPS
     assert multihost_run.summary["placement"] == "pools"
+
+
+def test_the_run_finishes_over_actor_links_with_latency_and_loss(multihost_run):
+    """50 ms each way and 1 % loss on every actor host's link: the run above finished, and every
+    update reached both actors (below). What it cost, for docs/benchmarks.md."""
+    pauses = [
+        r["weights/update_pause_ms"]
+        for actor in (0, 1)
+        for r in records(multihost_run.run_dir / f"actor{actor}.jsonl")
+        if "weights/update_pause_ms" in r
+    ]
+    metrics = records(multihost_run.run_dir / "metrics.jsonl")
+    broadcasts = [r["weights/broadcast_ms"] for r in metrics if "weights/broadcast_ms" in r]
+    assert multihost_run.final["state"]["type"] == "COMPLETED" and pauses and broadcasts
+    lost = records(multihost_run.run_dir / "preprocessor.jsonl")[-1]["preprocessor/lost"]
+    pause, broadcast = sorted(pauses)[len(pauses) // 2], sorted(broadcasts)[len(broadcasts) // 2]
+    rate = multihost_run.summary["tokens_per_s"]
+    print(f"impaired actor links: pause median {pause:.1f} ms, broadcast median {broadcast:.0f} ms, ", end="")
+    print(f"{rate:.0f} tokens/s, preprocessor/lost {lost}")
 
 
 def test_each_stage_runs_on_its_host(multihost_run):

@@ -377,3 +377,27 @@ def test_a_peer_without_the_run_keys_is_refused(context: zmq.Context, tmp_path) 
             received = receiver.recv(timeout_s=5)
         assert isinstance(received, Rollout) and received.rollout_id == make_rollout(3).rollout_id
     assert sent is False, "the refused handshake never completes, so the intruder's message stays queued"
+
+
+def test_an_xpub_counts_its_subscribers_in_and_out(context: zmq.Context, tmp_path) -> None:
+    """The trainer's notices socket sees each stage's subscription arrive (and leave), so a first
+    notice waits for the slow joiner instead of being dropped before its subscription arrived."""
+    keys = run_keys(create_curve_keys(tmp_path).parent)
+    with Sender(context, ANY_PORT, "xpub", bind=True, keys=keys) as notices:
+        assert notices.subscribers() == 0
+        assert not notices.wait_for_subscribers(1, timeout_s=0.2), "nobody there yet"
+        first = Receiver(context, notices.address, "sub", bind=False, keys=keys)
+        second = Receiver(context, notices.address, "sub", bind=False, keys=keys)
+        assert notices.wait_for_subscribers(2, timeout_s=30)
+        notices.send(Shutdown(reason="a first notice"))
+        assert isinstance(first.recv(timeout_s=30), Shutdown) and isinstance(
+            second.recv(timeout_s=30), Shutdown
+        )
+        second.close()
+        deadline = time.monotonic() + 30
+        while notices.subscribers() != 1:
+            assert time.monotonic() < deadline, "the closed subscriber was never counted out"
+            time.sleep(0.01)
+        first.close()
+    with Sender(context, ANY_PORT, "push", bind=True) as push, pytest.raises(ValueError, match="xpub"):
+        push.subscribers()
