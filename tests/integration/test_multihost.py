@@ -54,9 +54,9 @@ BASE_PORT = 21100  # every host has its own ports: no clash with the other test 
 WORKER_QUERY_S = "2"  # how often the workers look for flow runs (Prefect's default: 10 s)
 ACTOR_HOSTS = ("actor-0", "actor-1", "actor-2")
 IMPAIRED_DELAY_MS, IMPAIRED_LOSS = 50.0, 0.01  # on every actor link during the first run
-STEPS = 16  # long enough for a stranger's attempts and a Prefect server restart while it trains
-PREFECT_DOWN_S = 10.0  # the head's Prefect server stays stopped this long mid-run
-FAULT_STEPS = 24  # the faulted run: long enough to go on after each fault
+STEPS = 12  # long enough for a stranger's attempts and a Prefect server restart while it trains
+PREFECT_DOWN_S = 5.0  # the head's Prefect server stays stopped this long mid-run
+FAULT_STEPS = 16  # the faulted run: long enough to go on after each fault
 LINK_DOWN_S = 30.0
 HEARTBEAT_TIMEOUT_S = 15  # the faulted run's cluster.heartbeat_timeout_s
 
@@ -351,6 +351,14 @@ def test_the_heads_dashboard_and_mlflow_showed_the_run_live(multihost_run):
     assert multihost_run.dashboard_live is not None, "the dashboard listed the run while it ran"
     assert multihost_run.dashboard_live["status"] == "running", multihost_run.dashboard_live
     assert multihost_run.mlflow_live is not None and multihost_run.mlflow_live["info"]["status"] == "RUNNING"
+
+
+def test_the_run_publishes_its_progress_and_mlflow_link_as_artifacts(cluster, multihost_run):
+    body = {"artifacts": {"flow_run_id": {"any_": [multihost_run.flow_run_id]}}}
+    artifacts = http_json(cluster.plan, api(cluster, "/artifacts/filter"), body)
+    by_key = {artifact["key"]: artifact for artifact in artifacts}
+    assert by_key["rl-run-progress"]["type"] == "table", sorted(by_key)
+    assert "MLflow run" in by_key["rl-run-mlflow"]["data"]
 
 
 def test_a_stranger_on_the_cluster_network_gets_nothing_in_and_nothing_out(multihost_run):

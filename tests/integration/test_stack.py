@@ -5,7 +5,7 @@ Prefect API.
 One stack is started for the module in a temporary home on free ports (below the ephemeral range);
 the tests run in order and the last one stops it. Its Prefect server keeps its state in a fresh
 PostgreSQL database (SQLite answered "database is locked" to the form on a loaded machine). The run,
-with the default local placement, is cancelled once it trains: its stages' logs, progress and MLflow
+with the default local placement, is cancelled once it trains: its stages' logs and MLflow
 link reached Prefect while it ran, and the cancel stops every stage. Runs placed on the pools (over
 several hosts, with their crashes and restarts) are tests/integration/test_multihost.py's.
 """
@@ -570,12 +570,6 @@ def test_a_cancelled_run_is_marked_killed_in_mlflow(stack, cancelled_run):
         f"{mlflow_run.info}\nflow run logs:\n{flow_run_logs(stack, flow_run_id)}\n"
         f"worker log:\n{worker_log(stack)}"
     )
-
-
-def test_the_run_publishes_its_progress_as_a_table_artifact(stack, cancelled_run):
-    # (The runs placed on the pools, their crashes and restarts: tests/integration/test_multihost.py.)
-    by_key = artifacts_of(stack, cancelled_run.flow_run_id)
-    assert by_key["rl-run-progress"].type == "table"
 
 
 # ----- down -----

@@ -283,7 +283,7 @@ def test_check_bindable_accepts_free_wildcard_and_non_tcp_addresses() -> None:
 
 
 def test_bad_arguments_are_refused(context: zmq.Context) -> None:
-    with pytest.raises(ValueError, match="'push' or 'pub'"):
+    with pytest.raises(ValueError, match="'push', 'pub' or 'xpub'"):
         Sender(context, ANY_PORT, "pull", bind=True)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="'pull' or 'sub'"):
         Receiver(context, ANY_PORT, "push", bind=True)  # type: ignore[arg-type]
