@@ -122,7 +122,15 @@ def run(policy: ExploitPolicy, tmp_path_factory: pytest.TempPathFactory) -> Live
     config = run_config(policy, tmp_path)
     run_dir = (tmp_path / "runs" / "exploit").resolve()
     outcome: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: outcome.update(result=launch(config, run_id=run_dir.name)))
+
+    def run_it() -> None:
+        try:
+            outcome["result"] = launch(config, run_id=run_dir.name)
+        except BaseException as error:  # for the fixture's failure message
+            outcome["error"] = error
+            raise
+
+    thread = threading.Thread(target=run_it)
     thread.start()
     listeners: dict[str, set[tuple[str, int]]] = {}
     try:
@@ -131,7 +139,7 @@ def run(policy: ExploitPolicy, tmp_path_factory: pytest.TempPathFactory) -> Live
             records = run_dir / "preprocessor.jsonl"
             if records.exists() and records.stat().st_size > 0:
                 return True
-            assert thread.is_alive(), "the run ended before its first batch"
+            assert thread.is_alive(), f"the run ended before its first batch: {outcome.get('error')!r}"
             return False
 
         wait_until(first_batch_sent, 300, "the preprocessor's first batch")
