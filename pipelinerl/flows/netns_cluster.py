@@ -67,7 +67,7 @@ from pipelinerl.flows.netns_plan import (
     worker_name,
     worker_pool,
 )
-from pipelinerl.flows.stack_plan import DEPLOY_TIMEOUT_S, STARTUP_TIMEOUT_S, StackProcess, log_tail, tool
+from pipelinerl.flows.stack_plan import DEPLOY_TIMEOUT_S, STARTUP_TIMEOUT_S, StackProcess, tool
 
 T = TypeVar("T")
 NETNS_DIR = Path("/run/netns")
@@ -438,24 +438,10 @@ def _run_step(
     timeout_s: float,
 ) -> str:
     log = logs_dir(state.plan.home) / "steps.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
     try:
-        done = subprocess.run(
-            on_host(host, command),
-            env=dict(env),
-            cwd=stack.REPO_ROOT,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise ClusterError(f"{what} did not finish in {timeout_s:.0f} s") from None
-    with log.open("ab") as handle:
-        handle.write(f"\n=== {host.name}: {' '.join(command)}\n".encode() + done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise ClusterError(f"{what} failed (code {done.returncode}); last lines of {log}:\n{log_tail(log)}")
-    return done.stdout.decode(errors="replace")
+        return stack.run_step(on_host(host, command), env, log, what, timeout_s)
+    except stack.StackError as error:
+        raise ClusterError(str(error)) from None
 
 
 def _wait(

@@ -241,7 +241,7 @@ def running_state(home: Path) -> StackState | None:
     return None
 
 
-def _run_step(command: list[str], env: Mapping[str, str], log: Path, what: str, timeout_s: float) -> str:
+def run_step(command: list[str], env: Mapping[str, str], log: Path, what: str, timeout_s: float) -> str:
     """Run a one-off command to completion, appending its output to ``log``; return its stdout."""
     log.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -324,7 +324,7 @@ def up(
             )
         )
         status("creating or upgrading the MLflow store")
-        _run_step(
+        run_step(
             mlflow_upgrade_command(store_uri),
             env("mlflow-server"),
             logs / "mlflow-server.log",
@@ -347,7 +347,7 @@ def up(
             {"the Prefect server": (lambda: prefect_healthy(state.prefect_api_url), prefect)}, timeout_s
         )
         status("creating the work pools and registering the deployments")
-        output = _run_step(
+        output = run_step(
             deploy_command(state.prefect_api_url, launch_pool),
             env("worker"),
             logs / "deploy.log",
