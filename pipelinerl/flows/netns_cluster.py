@@ -11,7 +11,9 @@ after an interrupted ``up`` or test, from the state file or from the prefix alon
 
 The machine's own network namespace is never touched. This needs root (CAP_NET_ADMIN).
 ``host_call`` runs a function in a thread that joined a host's network namespace, so this process
-can reach the head's services (by address: this process's /etc/hosts is the machine's).
+can reach the head's services (by address: this process's /etc/hosts is the machine's). What the
+tests do to a running cluster (links cut or impaired, hosts killed, the Prefect server restarted, a
+stranger joining) is in ``flows/netns_faults.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -45,7 +46,6 @@ from pipelinerl.flows.netns_plan import (
     ClusterHost,
     ClusterPlan,
     HostRole,
-    add_host,
     bridge_commands,
     check_prefix,
     dashboard_command,
@@ -62,7 +62,6 @@ from pipelinerl.flows.netns_plan import (
     postgres_ready_command,
     prefect_server_command,
     server_env,
-    set_link_command,
     worker_command,
     worker_name,
     worker_pool,
@@ -114,7 +113,7 @@ def write_state(state: ClusterState) -> None:
 # ----- namespaces -----
 
 
-def _ip(command: Sequence[str], what: str) -> None:
+def run_ip(command: Sequence[str], what: str) -> None:
     done = subprocess.run(list(command), capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise ClusterError(f"{what}: `{' '.join(command)}` failed: {done.stderr.strip() or done.returncode}")
@@ -148,7 +147,7 @@ def cannot_make_namespaces() -> str | None:
 
 def make_network(plan: ClusterPlan) -> None:
     for command in bridge_commands(plan):
-        _ip(command, "making the cluster's bridge")
+        run_ip(command, "making the cluster's bridge")
     for host in plan.hosts:
         join_host(plan, host)
 
@@ -156,9 +155,9 @@ def make_network(plan: ClusterPlan) -> None:
 def join_host(plan: ClusterPlan, host: ClusterHost) -> None:
     """Make ``host``'s namespace, cable it to the bridge, and write every host's /etc/hosts (a new
     name is known to all)."""
-    _ip(["ip", "netns", "add", host.namespace], f"making host {host.name}")
+    run_ip(["ip", "netns", "add", host.namespace], f"making host {host.name}")
     for command in link_commands(plan, host):
-        _ip(command, f"linking host {host.name}")
+        run_ip(command, f"linking host {host.name}")
     text = hosts_file(plan)
     for each in plan.hosts:
         if (NETNS_DIR / each.namespace).exists():
@@ -308,112 +307,10 @@ def run_on(
     )
 
 
-# ----- faults -----
-
-
-def set_link(state: ClusterState, host: str, up: bool) -> None:
-    """Cut (``up=False``) or restore ``host``'s link to the bridge."""
-    command = set_link_command(state.plan, state.plan.host(host), up)
-    if host in state.relays:  # the cable's far end is in the relay's namespace now
-        command[2] = state.relays[host]
-    _ip(command, f"setting {host}'s link {'up' if up else 'down'}")
-
-
-def impair_link(state: ClusterState, host: str, delay_ms: float, loss: float, seed: int = 0) -> None:
-    """Put a delaying, dropping relay (``flows/netns_relay.py``) on ``host``'s cable: every frame
-    to and from the host waits ``delay_ms`` and a ``loss`` fraction is dropped, each way."""
-    from pipelinerl.flows.netns_relay import tx_checksum_off  # noqa: PLC0415 (fcntl, ctypes: here only)
-
-    plan = state.plan
-    target = plan.host(host)
-    relay_ns = f"{plan.prefix}-r-{host}"
-    for each in plan.hosts:  # frames must leave every host whole and at most an MTU long
-        host_call(plan, each.name, partial(tx_checksum_off, "eth0"))
-        _ip(["ip", "-n", each.namespace, "link", "set", "eth0", "gso_max_segs", "1"], "limiting GSO")
-    net, cable, wire = plan.bridge_namespace, target.bridge_port, f"r-{host}"[:15]
-    for command in (
-        ["ip", "netns", "add", relay_ns],
-        ["ip", "-n", net, "link", "set", cable, "netns", relay_ns],
-        ["ip", "-n", net, "link", "add", wire, "type", "veth", "peer", "name", "wire", "netns", relay_ns],
-        ["ip", "-n", net, "link", "set", wire, "master", "br0", "up"],
-        ["ip", "-n", relay_ns, "link", "set", cable, "promisc", "on", "up"],
-        ["ip", "-n", relay_ns, "link", "set", "wire", "promisc", "on", "up"],
-    ):
-        _ip(command, f"impairing {host}'s link")
-    state.relays[host] = relay_ns
-    relay = [
-        sys.executable, "-m", "pipelinerl.flows.netns_relay", cable, "wire",
-        "--delay-ms", str(delay_ms), "--loss", str(loss), "--seed", str(seed),
-    ]  # fmt: skip
-    proc = stack.start_process(
-        f"relay-{host}", "dashboard", ["ip", "netns", "exec", relay_ns, *relay], dict(os.environ),
-        logs_dir(plan.home) / f"relay-{host}.log", "SIGTERM",
-    )  # fmt: skip
-    state.processes.append(proc)
-    write_state(state)
-
-
-def clear_impairment(state: ClusterState, host: str) -> None:
-    """Take the relay off ``host``'s cable: the cable goes back onto the bridge."""
-    relay_ns = state.relays.pop(host)
-    relay = next(p for p in state.processes if p.name == f"relay-{host}")
-    stack.stop_processes([relay])
-    state.processes.remove(relay)
-    net, cable = state.plan.bridge_namespace, state.plan.host(host).bridge_port
-    _ip(["ip", "-n", relay_ns, "link", "set", cable, "netns", net], f"restoring {host}'s link")
-    _ip(["ip", "-n", net, "link", "set", cable, "master", "br0", "up"], f"restoring {host}'s link")
-    remove_namespaces([relay_ns])
-    write_state(state)
-
-
-def kill_host(state: ClusterState, host: str) -> list[int]:
-    """The host disappears: every process in its namespace is killed at once (SIGKILL), its worker
-    included. Returns the pids killed."""
-    namespace = state.plan.host(host).namespace
-    pids = namespace_pids(namespace)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return pids
-
-
-def restart_prefect_server(
-    state: ClusterState,
-    *,
-    down_s: float = 0.0,
-    env: Mapping[str, str] | None = None,
-    timeout_s: float = STARTUP_TIMEOUT_S,
-) -> float:
-    """Stop the head's Prefect server (SIGTERM to its group), leave it down ``down_s``, start it again
-    on the same database and wait until it answers; returns the seconds its API was away."""
-    plan = state.plan
-    head = plan.host(HEAD)
-    old = next(p for p in state.processes if p.name == "prefect-server")
-    stopped_at = time.monotonic()
-    stack.stop_processes([old])
-    state.processes.remove(old)
-    time.sleep(down_s)
-    base = host_env(plan, head, env if env is not None else os.environ)
-    new = _start(
-        state, head, "prefect-server", prefect_server_command(head), server_env(plan, base), "SIGTERM"
-    )
-    health = head_url(plan, PREFECT_PORT, "/api/health")
-    _wait(state, {"the Prefect server": (partial(http_ok, plan, health), new)}, timeout_s)
-    return time.monotonic() - stopped_at
-
-
-def join_stranger(state: ClusterState, name: str = "stranger", role: HostRole = "none") -> ClusterHost:
-    """A host that joins the cluster network later (a stranger, or a spare node without a worker)."""
-    host = add_host(state.plan, name, role)
-    write_state(state)
-    join_host(state.plan, host)
-    return host
-
-
 # ----- up and down -----
 
 
-def _start(
+def start_on(
     state: ClusterState, host: ClusterHost, name: str, command: list[str], env: Mapping[str, str], stop: str
 ) -> StackProcess:
     proc = stack.start_process(
@@ -444,7 +341,7 @@ def _run_step(
         raise ClusterError(str(error)) from None
 
 
-def _wait(
+def wait_for(
     state: ClusterState, checks: Mapping[str, tuple[Callable[[], bool], StackProcess]], timeout_s: float
 ) -> None:
     try:
@@ -492,7 +389,7 @@ def up(
             status("starting PostgreSQL on head")
             _start_postgres(state, bindir, head_env, timeout_s)
         status("starting the Prefect server on head")
-        prefect = _start(
+        prefect = start_on(
             state, head, "prefect-server", prefect_server_command(head), server_env(plan, head_env), "SIGTERM"
         )
         status("creating or upgrading the MLflow store")
@@ -504,7 +401,7 @@ def up(
             "mlflow db upgrade",
             timeout_s,
         )
-        mlflow = _start(
+        mlflow = start_on(
             state,
             head,
             "mlflow-server",
@@ -513,7 +410,7 @@ def up(
             "SIGTERM",
         )
         status("waiting for the Prefect server")
-        _wait(
+        wait_for(
             state,
             {
                 "the Prefect server": (
@@ -530,7 +427,7 @@ def up(
         state.deployments = stack.last_json_line(output)
         status("starting the workers")
         workers = {
-            host.name: _start(
+            host.name: start_on(
                 state, host, worker_name(host), worker_command(host), host_env(plan, host, base), "SIGINT"
             )
             for host in plan.hosts
@@ -543,13 +440,13 @@ def up(
             _run_step(
                 state, head, db_upgrade_command(plan), head_env, "creating the platform tables", timeout_s
             )
-            ui = _start(state, head, "dashboard", dashboard_command(plan, head), head_env, "SIGTERM")
+            ui = start_on(state, head, "dashboard", dashboard_command(plan, head), head_env, "SIGTERM")
             checks["the dashboard"] = (partial(http_ok, plan, head_url(plan, UI_PORT, "/api/health")), ui)
         for name, proc in workers.items():
             host = plan.host(name)
             checks[f"the worker on {name}"] = (partial(_worker_online, plan, host), proc)
         status("waiting for the MLflow server, the dashboard and the workers")
-        _wait(state, checks, timeout_s)
+        wait_for(state, checks, timeout_s)
     except BaseException:
         _teardown(state)
         raise
@@ -565,13 +462,13 @@ def _start_postgres(state: ClusterState, bindir: Path, env: Mapping[str, str], t
     _run_step(state, head, initdb, env, "initdb", timeout_s)
     with (plan.postgres_dir / "data" / "pg_hba.conf").open("a") as hba:  # type: ignore[operator]
         hba.write(f"\n{pg_hba_line()}\n")
-    proc = _start(state, head, "postgres", server, env, "SIGTERM")
+    proc = start_on(state, head, "postgres", server, env, "SIGTERM")
 
     def ready() -> bool:
         command = on_host(head, postgres_ready_command(plan, bindir))
         return subprocess.run(command, capture_output=True, check=False).returncode == 0
 
-    _wait(state, {"PostgreSQL": (ready, proc)}, timeout_s)
+    wait_for(state, {"PostgreSQL": (ready, proc)}, timeout_s)
     for command in createdb:
         _run_step(state, head, command, env, f"creating database {command[-1]}", timeout_s)
 

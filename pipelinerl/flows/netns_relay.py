@@ -2,7 +2,7 @@
 where the kernel has no ``netem`` queueing discipline (this machine's: "Specified qdisc kind is
 unknown").
 
-``flows/netns_cluster.impair_link`` moves a host's cable into a namespace of its own, between the
+``flows/netns_faults.impair_link`` moves a host's cable into a namespace of its own, between the
 host and the bridge, and runs this relay there: every frame that arrives on one interface leaves by
 the other ``delay_ms`` later, except a ``loss`` fraction of them, dropped at random (``seed``). It
 works on whole Ethernet frames (raw ``AF_PACKET`` sockets), below IP, so TCP sees real delay and

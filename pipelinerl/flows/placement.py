@@ -12,7 +12,9 @@ the shared run directory. The launcher then supervises those flow runs as it wou
 * a flow run no worker picks up within ``cluster.start_timeout_s`` fails the run, naming the pool;
 * a running flow run whose heartbeat (``flows/role_heartbeat.py``) is older than
   ``cluster.heartbeat_timeout_s`` has lost its host: it is marked crashed and the run fails (or
-  restarts) naming the host, without waiting for a worker that died with it;
+  restarts) naming the host, without waiting for a worker that died with it; when another role fails
+  first (the trainer's broadcast to a killed actor resets at once), the launcher waits for the late
+  heartbeats to lapse or beat again (``role_heartbeat.attribution``) and names the lost host;
 * stopping (a failure, a cancelled ``rl-run``) cancels every role flow run still going, and their
   workers stop the processes.
 
@@ -33,7 +35,7 @@ from prefect import get_client
 from prefect.deployments import run_deployment
 from prefect.states import Cancelling, Crashed
 
-from pipelinerl.flows.role_heartbeat import heartbeat_path, read_heartbeat
+from pipelinerl.flows.role_heartbeat import LATE_S, attribution, heartbeat_path, read_heartbeat
 from pipelinerl.launch.launcher import local_placement
 from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, StageFailed
 from pipelinerl.platform.config import ROLES, PipelineConfig, Role
@@ -141,13 +143,38 @@ class PoolPlacement:
         beat = read_heartbeat(heartbeat_path(self.run_dir, run.role, run.node))
         return None if beat is None else beat.host
 
+    def _heartbeat_age(self, run: RoleRun) -> float | None:
+        """Seconds since the run's last heartbeat; None if it has written none."""
+        beat = read_heartbeat(heartbeat_path(self.run_dir, run.role, run.node))
+        return None if beat is None else beat.age_s(time.time())
+
     def _silent_for(self, run: RoleRun) -> float | None:
         """Seconds since the run's last heartbeat, where that is past the timeout; else None."""
-        beat = read_heartbeat(heartbeat_path(self.run_dir, run.role, run.node))
-        if beat is None:
-            return None
-        age = beat.age_s(time.time())
-        return age if age > self.heartbeat_timeout_s else None
+        age = self._heartbeat_age(run)
+        return age if age is not None and age > self.heartbeat_timeout_s else None
+
+    def _lost_host_behind(self, failed: RoleRun) -> str | None:
+        """When ``failed`` has failed: if another running role's host is lost (its heartbeat late,
+        then lapsed), mark that flow run crashed and return what ``_mark_lost`` says; None if every
+        other running role beats. Waits while a heartbeat is late: at most ``LATE_S`` for one to
+        become late, then until the late ones lapse or beat again (the heartbeat timeout)."""
+        watch_until = time.monotonic() + LATE_S + self.heartbeat_timeout_s + 5.0
+        first_look_until = time.monotonic() + LATE_S
+        while time.monotonic() < watch_until:
+            states = self._states_through_outages() or []
+            running = {
+                run.name: run
+                for run, state in states
+                if run is not failed and state is not None and state.is_running()
+            }
+            ages = {name: self._heartbeat_age(run) for name, run in running.items()}
+            lapsed, late = attribution(ages, self.heartbeat_timeout_s)
+            if lapsed is not None:
+                return self._mark_lost(running[lapsed], ages[lapsed] or 0.0)
+            if not late and time.monotonic() > first_look_until:
+                return None
+            time.sleep(1.0)
+        return None
 
     def _where(self, run: RoleRun) -> str:
         host = self.host_of(run)
@@ -201,10 +228,12 @@ class PoolPlacement:
             if state.is_running() and (silent_s := self._silent_for(run)) is not None:
                 raise StageFailed(self._mark_lost(run, silent_s))
             if state.is_failed() or state.is_crashed() or state.is_cancelled() or state.is_cancelling():
-                raise StageFailed(
+                failure = (
                     f"the {run.role} flow run {run.name} ({self._where(run)}) is "
                     f"{state.name}: {state.message or '(no message)'}"
                 )
+                lost = self._lost_host_behind(run)
+                raise StageFailed(failure if lost is None else f"{lost}; with it, {failure}")
             waiting = state.is_scheduled() or state.is_pending()
             if waiting and time.monotonic() - run.submitted_at > self.start_timeout_s:
                 raise StageFailed(

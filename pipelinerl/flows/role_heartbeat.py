@@ -8,6 +8,13 @@ dies with it and nobody ever moves that flow run out of RUNNING. The launcher (`
 takes a heartbeat older than ``cluster.heartbeat_timeout_s`` as the host lost, names it, marks the
 flow run crashed, and fails or restarts the run.
 
+A lost host is often not the first thing the launcher sees: the trainer's broadcast to an actor whose
+processes were killed fails at once (their sockets reset), long before that actor's heartbeat lapses.
+So when a role fails, the launcher first looks at the other roles' heartbeats (``attribution``): one
+that is late (older than ``LATE_S``, a missed beat and some) is watched until it beats again or lapses;
+a lapse means that host was lost, and the run fails (or restarts) naming it, with the role that failed
+because of it.
+
 The times are wall-clock times written on one node and read on another: the nodes' clocks must agree
 to well within the timeout (NTP does; a skew of seconds against a 60 s timeout is harmless).
 """
@@ -25,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HEARTBEAT_INTERVAL_S = 5.0
+LATE_S = 2 * HEARTBEAT_INTERVAL_S + 2.0  # a heartbeat this old has missed a beat: its host may be gone
 
 
 @dataclass(frozen=True)
@@ -77,3 +85,13 @@ def beating(path: Path, interval_s: float = HEARTBEAT_INTERVAL_S) -> Iterator[st
     finally:
         stop.set()
         thread.join()
+
+
+def attribution(ages: dict[str, float | None], timeout_s: float) -> tuple[str | None, list[str]]:
+    """Given the heartbeat ages of the roles still running (role name -> seconds; None: no heartbeat
+    yet) when another role failed: the first role whose heartbeat has lapsed (older than
+    ``timeout_s``: its host is lost), and the roles whose heartbeat is late but not lapsed (to watch
+    until they beat again or lapse)."""
+    lapsed = [name for name, age in ages.items() if age is not None and age > timeout_s]
+    late = [name for name, age in ages.items() if age is not None and LATE_S < age <= timeout_s]
+    return (lapsed[0] if lapsed else None), late

@@ -13,34 +13,36 @@ order, whatever its dtype (bfloat16 included: numpy cannot hold it, so the bytes
 ``torch.uint8`` view). Hashing the members one after the other gives the digest of their
 concatenation, so the trainer need not build the flattened bucket to hash it.
 
-The hash is SHA-256 from the standard library. The notice is authenticated, so a keyless hash is
-enough: forging a bucket means finding other bytes with the same digest (a second preimage), which
-SHA-256 rules out. BLAKE2b is as sound; SHA-256 is chosen because OpenSSL runs it on the CPU's SHA
-instructions, which x86 servers have had for years: 1.6 GB/s a core on the machine of
-docs/benchmarks.md, twice BLAKE2b's 0.8 GB/s there. ``hashlib`` releases the GIL while it hashes, so
-buckets may be hashed on several threads at once. Importing this module loads no torch (``wire``
-reads ``DIGEST_BYTES`` here).
+The hash is BLAKE3 (the ``blake3`` package, which vLLM depends on too), 32 bytes. The notice is
+authenticated, so a keyless hash is enough: forging a bucket means finding other bytes with the same
+digest (a second preimage), which BLAKE3's 256-bit output rules out. BLAKE3 rather than SHA-256
+because the digest is on the update's path: on the machine of docs/benchmarks.md SHA-256 (OpenSSL,
+on the CPU's SHA instructions) hashes 1.6 GB/s a core, about as fast as gloo moves the weights, so it
+doubled the update; BLAKE3 hashes 4.4 GB/s on one core and splits one large input over every core
+(``max_threads=AUTO``) while the GIL is let go. Importing this module loads no torch (``wire`` reads
+``DIGEST_BYTES`` here).
 
 GPU paths (NCCL broadcast of CUDA tensors, CUDA IPC between processes sharing a GPU): not verified
 here (no GPU on the machine this was written on). The bucket lives in GPU memory, and this module
 hashes on the host, so each side copies every bucket to the host to hash it: a device-to-host copy
 of the whole model per update on the trainer and on every member (at ~25 GB/s over PCIe 4 x16, ~40
-ms a GB, plus the hashing itself at ~1.6 GB/s a core: ~0.6 s a GB single-threaded), where the
+ms a GB, plus the hashing itself at a few GB/s on the host's cores), where the
 broadcast itself would never leave the GPUs. That cost can exceed the broadcast's; a GPU-side hash
 (a keyless cryptographic hash as a CUDA kernel) would avoid the copy, and none is written.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from blake3 import blake3
+
 if TYPE_CHECKING:
     import torch
 
-ALGORITHM = "sha256"
+ALGORITHM = "blake3"
 DIGEST_BYTES = 32  # what every bucket digest in a notice is long
 
 
@@ -61,7 +63,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
 def bucket_digest(parts: Iterable[torch.Tensor]) -> bytes:
     """The digest of the bytes of ``parts`` end to end: one tensor (a received flattened bucket), or
     the members of a bucket in order (the trainer, before it flattens them): both give the same."""
-    hasher = hashlib.new(ALGORITHM)
+    hasher = blake3(max_threads=blake3.AUTO)
     for part in parts:
         hasher.update(tensor_bytes(part))
     return hasher.digest()

@@ -24,11 +24,10 @@ nothing more, and then raises ``BucketsRefused``.
 from __future__ import annotations
 
 import json
-import os
 import struct
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -187,11 +186,8 @@ class WeightGroup:
     def digests(self, tensors: Sequence[torch.Tensor]) -> list[bytes]:
         """Rank 0: the digest of every bucket ``send`` will broadcast of ``tensors``, for the notice
         (``WeightUpdate.bucket_digests``): each bucket's members hashed end to end, which is the digest
-        of the flattened bucket without building it. Buckets are hashed on several threads (hashlib
-        lets go of the GIL)."""
-        plan = self.plan(tensors)
-        with ThreadPoolExecutor(max_workers=max(1, min(len(plan), os.cpu_count() or 1))) as pool:
-            return list(pool.map(lambda bucket: bucket_digest(tensors[i] for i in bucket.members), plan))
+        of the flattened bucket without building it (on every core: ``weight_digest``)."""
+        return [bucket_digest(tensors[i] for i in bucket.members) for bucket in self.plan(tensors)]
 
     def send(self, tensors: Sequence[torch.Tensor]) -> float:
         """Rank 0: broadcast every tensor, bucket by bucket; returns seconds taken."""
@@ -219,39 +215,59 @@ class WeightGroup:
         """A member: each tensor of one update, in order, on this member's device, as it arrives.
 
         The tensors are views into their bucket's buffer, which lives as long as one of them does:
-        a consumer that copies each tensor and drops it (a model loader) holds one bucket at a time.
+        a consumer that copies each tensor and drops it (a model loader) holds one bucket at a time,
+        plus the next one while it arrives.
 
         With ``digests`` (the notice's, one per bucket), a bucket's tensors are handed out only once
-        its bytes match its digest. From the first bucket that does not, nothing more is handed out;
-        every later bucket is still received (every member takes part in every broadcast of the
-        update, or the trainer's would hang) and checked, and then ``BucketsRefused`` names them all.
-        Digests that are not one per bucket refuse every bucket. ``None``: no check (benchmarks, tests).
+        its bytes match its digest. The check of bucket k runs on a thread of its own while bucket k+1
+        arrives, so it costs the update only where it outlasts the next transfer (``last_verify_s``:
+        the time spent waiting for checks). From the first bucket that does not match, nothing more is
+        handed out; every later bucket is still received (every member takes part in every broadcast
+        of the update, or the trainer's would hang) and checked, and then ``BucketsRefused`` names
+        them all. Digests that are not one per bucket refuse every bucket. ``None``: no check
+        (benchmarks, tests).
         """
         if self.rank == TRAINER_RANK:
             raise RuntimeError("weight-group rank 0 sends; members receive")
         plan = plan_buckets(shapes, dtypes, self.terms.bucket_bytes)
-        refused: list[int] = []
         self.last_verify_s = 0.0
+        refused: list[int] = []
         reason = "its bytes differ from the digest the notice announced"
         if digests is not None and len(digests) != len(plan):
             refused = list(range(len(plan)))
             reason = f"the notice has {len(digests)} digests for {len(plan)} buckets"
-        for number, bucket in enumerate(plan):
-            flat = self._receive_bucket(number, bucket)
-            if digests is not None and number not in refused:
-                checked = time.perf_counter()
-                if not digest_matches(digests[number], flat):
-                    refused.append(number)
-                self.last_verify_s += time.perf_counter() - checked
-            if refused:
-                continue
-            if flat.device != self.device:
-                flat = flat.to(self.device)
-            for index, offset, size in zip(bucket.members, bucket.offsets, bucket.sizes, strict=True):
-                yield flat[offset : offset + size].view(list(shapes[index]))
+            digests = None
+        arrived: _Arrived | None = None  # the previous bucket, its check under way
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bucket-check") as checker:
+            for number, bucket in enumerate(plan):
+                flat = self._receive_bucket(number, bucket)
+                check = None if digests is None else checker.submit(digest_matches, digests[number], flat)
+                if arrived is not None:
+                    yield from self._hand_out(arrived, shapes, refused)
+                arrived = _Arrived(number, bucket, flat, check)
+            if arrived is not None:
+                yield from self._hand_out(arrived, shapes, refused)
         self._updates += 1
         if refused:
             raise BucketsRefused(refused, reason)
+
+    def _hand_out(
+        self, arrived: _Arrived, shapes: Sequence[Sequence[int]], refused: list[int]
+    ) -> Iterator[torch.Tensor]:
+        """A member: the tensors of one received bucket, once its check (if any) has passed and no
+        bucket before it was refused; a bucket that fails its check joins ``refused``."""
+        if arrived.check is not None:
+            waited = time.perf_counter()
+            matches = arrived.check.result()
+            self.last_verify_s += time.perf_counter() - waited
+            if not matches:
+                refused.append(arrived.number)
+        if refused:
+            return
+        flat = arrived.flat if arrived.flat.device == self.device else arrived.flat.to(self.device)
+        bucket = arrived.bucket
+        for index, offset, size in zip(bucket.members, bucket.offsets, bucket.sizes, strict=True):
+            yield flat[offset : offset + size].view(list(shapes[index]))
 
     def _receive_bucket(self, number: int, bucket: Bucket) -> torch.Tensor:
         """A member: bucket ``number``'s flattened buffer, where it arrived (the CPU for gloo)."""
@@ -286,6 +302,16 @@ class WeightGroup:
 
     def _broadcast(self, flat: torch.Tensor) -> None:
         self._group.broadcast(flat, TRAINER_RANK).wait()  # type: ignore[attr-defined,union-attr]
+
+
+@dataclass(frozen=True)
+class _Arrived:
+    """A bucket a member has received: its buffer and, when digests were announced, its check."""
+
+    number: int
+    bucket: Bucket
+    flat: torch.Tensor
+    check: Future[bool] | None
 
 
 def _store(host: str, port: int, world_size: int, rank: int, timeout: timedelta) -> dist.TCPStore:

@@ -378,32 +378,37 @@ class Actor:
         self.loaded(pause)
 
     def receive_into_engine(self, engine: WorkersEngine, notice: WeightUpdate) -> None:
-        """vllm: the engine's workers take the tensors from the weight group themselves."""
+        """vllm: the engine's workers take the tensors from the weight group themselves, check every
+        bucket against the notice's digests and load or stage nothing of an update with one refused."""
         tensors = (
             list(notice.parameter_names),
             notice.parameter_shapes,
             notice.parameter_dtypes,
             list(notice.bucket_digests),
         )
-        if not loads_on_receipt(self.config.run.mode):  # staged in the workers, loaded when the actor drains
-            # Receiving replaces the workers' staged tensors: it must not interleave with a load of the
-            # previous ones (apply_staged, under the same lock), or that load would take these tensors
-            # under the older version's label and leave nothing staged for this version.
-            with self.staged.lock:
-                engine.receive_weights(*tensors)
-                self.staged.version = notice.policy_version
-                self.staged.in_engine = True
-            logger.info(
-                "weights v%d received into the engine's workers (loaded when the actor drains)",
-                notice.policy_version,
-            )
-        else:
-            with self.staged.lock:
-                self.staged.version = notice.policy_version
-                pause = engine.update_weights(
-                    notice.policy_version, lambda workers: workers.receive_and_load(*tensors)
+        try:
+            if not loads_on_receipt(self.config.run.mode):  # staged in the workers, loaded on draining
+                # Receiving replaces the workers' staged tensors: it must not interleave with a load of
+                # the previous ones (apply_staged, under the same lock), or that load would take these
+                # tensors under the older version's label and leave nothing staged for this version.
+                with self.staged.lock:
+                    engine.receive_weights(*tensors)
+                    self.staged.version = notice.policy_version
+                    self.staged.in_engine = True
+                logger.info(
+                    "weights v%d received into the engine's workers (loaded when the actor drains)",
+                    notice.policy_version,
                 )
-            self.loaded(pause)
+            else:
+                with self.staged.lock:
+                    pause = engine.update_weights(
+                        notice.policy_version, lambda workers: workers.receive_and_load(*tensors)
+                    )
+                    self.staged.version = notice.policy_version
+                self.loaded(pause)
+        except BucketsRefused as refused:
+            self.refuse(notice, refused)
+            return
         with self.weights_ready:
             self.weights_ready.notify_all()
 

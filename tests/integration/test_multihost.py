@@ -30,16 +30,18 @@ from pipelinerl.flows import netns_cluster
 from pipelinerl.flows.netns_cluster import (
     ClusterState,
     cannot_make_namespaces,
-    clear_impairment,
     head_url,
     host_call,
     http_json,
+    namespace_pids,
+    run_on,
+)
+from pipelinerl.flows.netns_faults import (
+    clear_impairment,
     impair_link,
     join_stranger,
     kill_host,
-    namespace_pids,
     restart_prefect_server,
-    run_on,
     set_link,
 )
 from pipelinerl.flows.netns_plan import MLFLOW_PORT, PREFECT_PORT, UI_PORT, plan_cluster
@@ -510,17 +512,20 @@ def test_a_host_that_disappears_is_replaced_by_the_spare(cluster, faulted_run):
     spare = actor_hosts - first
     assert len(first) == 2 and len(spare) == 1
     assert second == (first - {faulted_run.killed_host}) | spare, (faulted_run.before, faulted_run.after)
-    # No flow run of the first attempt is left running. Where the lost host's heartbeat lapsed before
-    # another stage failed, its flow run is crashed naming the host; where the trainer's broadcast
-    # failed first (the killed processes' sockets reset), the run failed with the trainer's error and
-    # the host is not named (a gap: docs/cluster.md).
+    # No flow run of the first attempt is left running; the lost host is named, both in the flow run
+    # that ran there (crashed) and in why the attempt ended, even where the trainer's broadcast to it
+    # failed first (the killed processes' sockets reset at once): the launcher then waits for the
+    # late heartbeat to lapse (role_heartbeat.attribution). The same reason ends a run without restarts.
     roles = role_flow_runs(cluster, faulted_run.run_dir)
     described = [(r["name"], r["state"]["type"], r["state"]["message"]) for r in roles]
     assert all(r["state"]["type"] not in ("RUNNING", "PENDING", "SCHEDULED", "CANCELLING") for r in roles), (
         described
     )
     lost = [r for r in roles if "lost" in (r["state"]["message"] or "")]
-    assert all(faulted_run.killed_host in r["state"]["message"] for r in lost), described
+    assert lost and all(faulted_run.killed_host in r["state"]["message"] for r in lost), described
+    (discarded,) = records(faulted_run.run_dir / "restarts.jsonl")
+    print("the first attempt ended:", discarded["reason"][:400])
+    assert f"host {faulted_run.killed_host} lost" in discarded["reason"], discarded["reason"]
 
 
 def test_nothing_is_trained_twice_across_the_faults(cluster, faulted_run):

@@ -35,6 +35,7 @@ from pipelinerl.platform.dtypes import dtype_name
 from pipelinerl.platform.weights import WeightGroup
 from pipelinerl.workers.engines.protocol import iter_named_parameters
 from tests.conftest import build_random_model_dir, free_port
+from tests.integration.test_weight_group import InjectingGroup
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -71,7 +72,7 @@ class Driver:
             },
         )
         self.log_path = log_path
-        self.group: WeightGroup | None = None
+        self.group: InjectingGroup | None = None
         # Answers are read on a thread so that waiting for one has a timeout: a stuck driver fails
         # the test with its log instead of blocking it.
         self._answers: queue.Queue[str] = queue.Queue()
@@ -116,7 +117,7 @@ class Driver:
 
         def join() -> None:  # rank 0 waits here until the engine's worker joins as rank 1
             try:
-                joined["group"] = WeightGroup.lead(
+                joined["group"] = InjectingGroup.lead(
                     "127.0.0.1", port, 2, timeout_s=300, bucket_bytes=bucket_bytes
                 )
             except Exception as error:  # surfaced below
@@ -132,12 +133,17 @@ class Driver:
         self.group = joined["group"]
         return answer["startup_s"]
 
-    def update(self, version: int, model: torch.nn.Module, straddling: int = 0) -> dict[str, Any]:
-        """In-flight update to ``model``'s weights: the notice, then the broadcast, as the trainer does.
+    def update(
+        self, version: int, model: torch.nn.Module, straddling: int = 0, tampered: int | None = None
+    ) -> dict[str, Any]:
+        """In-flight update to ``model``'s weights: the notice with every bucket's digest, then the
+        broadcast, as the trainer does.
 
         ``straddling > 0``: the engine loads the update only in a pause where at least that many
         sequences are being written and have tokens already, so they are certain to straddle it.
+        ``tampered``: broadcast number ``tampered`` carries other bytes than the notice's digest says.
         """
+        assert self.group is not None
         named = list(iter_named_parameters(model))
         tensors = [param.detach() for _, param in named]
         command: dict[str, Any] = {
@@ -146,6 +152,7 @@ class Driver:
             "names": [name for name, _ in named],
             "shapes": [list(t.shape) for t in tensors],
             "dtypes": [dtype_name(t) for t in tensors],
+            "digests": [digest.hex() for digest in self.group.digests(tensors)],
         }
         if straddling:
             command["when_in_flight"] = {
@@ -156,9 +163,15 @@ class Driver:
                 "timeout_s": 120,
             }
         self.send(command)
-        assert self.group is not None
-        broadcast_s = self.group.send(tensors)
+        self.group.tampered = tampered
+        try:
+            broadcast_s = self.group.send(tensors)
+        finally:
+            self.group.tampered = None
         answer = self.answer()
+        if "refused" in answer:
+            print(f"update v{version}: buckets {answer['refused']} refused ({answer['reason']})")
+            return answer
         phases = ", ".join(f"{name} {1000 * s:.0f} ms" for name, s in answer["phases_s"].items())
         print(
             f"update v{version}: pause {1000 * answer['pause_s']:.0f} ms ({phases}); trainer broadcast "
@@ -362,6 +375,45 @@ def test_greedy_requests_take_the_argmax_beside_sampled_ones(driver, models):
         )[0, len(prompt) :].tolist()
     assert greedy[0] == expected
     assert any(tokens != greedy[0] for tokens in sampled), "sampled requests are not all the argmax path"
+
+
+def written_by(driver: Driver, version: int, model: torch.nn.Module, tag: str) -> None:
+    """Sequences the engine writes now are stamped ``version`` and carry ``model``'s log-probs:
+    the weights it decodes with are ``model``'s, all of them."""
+    prompts = {f"{tag}{i}": [1, 20 + i, 30, 40 + i] for i in range(4)}
+    driver.submit(prompts)
+    sequences = driver.collect(len(prompts), timeout_s=300)
+    assert sorted(s["request_id"] for s in sequences) == sorted(prompts)
+    for seq in sequences:
+        assert set(seq["token_versions"]) == {version}, (seq["request_id"], seq["token_versions"])
+        expected = recompute({version: model}, seq, "keep")
+        assert seq["behaviour_logprobs"] == pytest.approx(expected, abs=1e-3), seq["request_id"]
+
+
+def test_an_update_with_an_altered_bucket_loads_nothing_and_the_next_loads(driver, models):
+    """A bucket altered on the weight group (what a stranger injecting into the collective achieves)
+    against the digest its notice announced: the engine's workers refuse that bucket, load nothing of
+    the update (not even the buckets before it, which match) and keep their version; the broadcast
+    completes, so the next update loads. The altered bucket is the update's last: had the workers
+    streamed the update into the model, every bucket before it would be in, and the log-probs the
+    engine writes would be neither model's."""
+    before = driver.ask({"cmd": "status"})["policy_version"]
+    current = {0: models[0][1], 3: models[0][1]}[before]
+    _, new_model = models[1]
+    tensors = [param.detach() for _, param in iter_named_parameters(new_model)]
+    assert driver.group is not None
+    buckets = [bucket for bucket in driver.group.plan(tensors) if bucket.numel]
+    assert len(buckets) > 2, "the update spans several buckets"
+    last = len(buckets) - 1
+
+    answer = driver.update(before + 1, new_model, tampered=last)
+    assert answer["refused"] == [last], answer
+    assert driver.ask({"cmd": "status"})["policy_version"] == before
+    written_by(driver, before, current, "after-refused")
+
+    answer = driver.update(before + 1, new_model)
+    assert "refused" not in answer and driver.ask({"cmd": "status"})["policy_version"] == before + 1
+    written_by(driver, before + 1, new_model, "after-loaded")
 
 
 @pytest.mark.parametrize(

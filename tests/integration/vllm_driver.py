@@ -6,8 +6,9 @@ stdout; everything vLLM prints (its logger writes to stdout, in every process it
 stderr instead, so it cannot interleave with the answers.
 
 Commands: ``start`` (engine keyword arguments and the weight group), ``submit`` (request id ->
-prompt ids), ``update`` (version and the tensors' names, shapes and dtypes; the test broadcasts the
-tensors meanwhile as trainer rank 0; optionally only once sequences are known to be in flight),
+prompt ids), ``update`` (version, the tensors' names, shapes and dtypes, and each bucket's digest in
+hex; the test broadcasts the tensors meanwhile as trainer rank 0; optionally only once sequences
+are known to be in flight; a refused update answers ``refused``, the buckets, and ``reason``),
 ``collect`` (wait for n finished sequences), ``set``
 (``kv_cache_on_update``), ``status`` (policy version, requests in flight), ``close``.
 """
@@ -22,6 +23,7 @@ import time
 import traceback
 from typing import Any
 
+from pipelinerl.platform.weights import BucketsRefused
 from pipelinerl.workers.engines.vllm_engine import VLLMEngine, WeightGroupAddress
 
 
@@ -88,7 +90,8 @@ def update(engine: Any, command: dict[str, Any]) -> dict[str, Any]:
     The condition is checked inside the pause (nothing moves there); until it holds, each pause ends
     without loading, and the trainer's broadcast simply waits for the one that loads.
     """
-    tensors = (command["names"], command["shapes"], command["dtypes"])
+    digests = [bytes.fromhex(digest) for digest in command["digests"]] if "digests" in command else None
+    tensors = (command["names"], command["shapes"], command["dtypes"], digests)
     when = command.get("when_in_flight")
     load_s: list[float] = []
     straddling: list[str] = []
@@ -110,6 +113,8 @@ def update(engine: Any, command: dict[str, Any]) -> dict[str, Any]:
         try:
             pause_s = engine.update_weights(command["version"], load)
             break
+        except BucketsRefused as refused:
+            return {"refused": refused.buckets, "reason": refused.reason, "straddling": straddling}
         except NotYet:
             if time.monotonic() > deadline:
                 raise TimeoutError(

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from pipelinerl.platform.weights import BucketsRefused
 from pipelinerl.workers.engines.protocol import CompletedSequence, VersionSwitches
 from pipelinerl.workers.engines.vllm_extension import EXTENSION
 
@@ -129,9 +130,10 @@ class VLLMWorkers:
         dtypes: list[str],
         digests: list[bytes] | None = None,
     ) -> float:
-        """Receive one update over the weight group and load it (one ``reload_weights`` call), each
-        bucket checked against ``digests`` (the notice's) first."""
-        return max(self._engine.rpc("pipelinerl_receive_and_load", names, shapes, dtypes, digests))
+        """Receive one update over the weight group and load it (one ``reload_weights`` call); with
+        ``digests`` (the notice's), every bucket is checked before any is loaded, and a refused update
+        loads nothing and raises ``BucketsRefused``."""
+        return slowest(self._engine.rpc("pipelinerl_receive_and_load", names, shapes, dtypes, digests))
 
     def tokens_in_flight(self) -> dict[str, tuple[int, int]]:
         """``request id -> (output tokens so far, last token)`` in the engine's batch (first worker's
@@ -375,7 +377,7 @@ class VLLMEngine:
 
         The call runs between two engine steps: generation stalls while the tensors arrive.
         """
-        return max(self.rpc("pipelinerl_receive", names, shapes, dtypes, digests))
+        return slowest(self.rpc("pipelinerl_receive", names, shapes, dtypes, digests))
 
     @contextmanager
     def paused(self) -> Iterator[VLLMWorkers]:
@@ -442,6 +444,15 @@ class VLLMEngine:
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+
+
+def slowest(answers: list[dict[str, Any]]) -> float:
+    """The slowest worker's seconds for an update every worker received (``vllm_extension.received``);
+    ``BucketsRefused`` if any worker refused a bucket (each checks the same bytes: they agree)."""
+    for answer in answers:
+        if answer["refused"]:
+            raise BucketsRefused(answer["refused"], answer["reason"])
+    return max(answer["seconds"] for answer in answers)
 
 
 def _given_id(internal: str, given: dict[str, Any]) -> str:

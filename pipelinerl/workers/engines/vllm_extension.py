@@ -17,10 +17,13 @@ Invariants, each learnt the hard way on vLLM 0.32 (``ENVIRONMENT.md``):
   (log-probs off by about 1 on the test models, no error).
 * Tensors arrive through the process group, never as ``collective_rpc`` arguments (those are
   serialised into lists).
-* Every bucket is checked against the notice's digests before the loader gets any tensor of it
-  (``WeightGroup.receive``); a refused bucket ends the receive with ``BucketsRefused`` once the
-  update's last broadcast is in, which fails the call. Streaming into ``reload_weights``, the buckets
-  before the refused one may already be loaded (not verified: no vLLM where this was written).
+* An update whose notice carries digests is received whole and checked before any of it is loaded
+  (``WeightGroup.receive``): streamed into ``reload_weights``, the buckets before a refused one would
+  already be in the model, which would then hold neither version. The price is one update's worth of
+  receive buffers while it loads (streaming holds one bucket); updates without digests (tests,
+  benchmarks) still stream. A refused update loads nothing and is answered, not raised: an exception
+  crosses ``collective_rpc`` as text, so each call returns ``received``'s mapping (seconds, refused
+  buckets, reason) and the actor's side raises ``BucketsRefused`` from it (``vllm_engine``).
 * Method names carry a ``pipelinerl_`` prefix: vLLM refuses an extension whose names already exist
   on the worker (``update_weights``, ``reload_weights``, ... are taken).
 
@@ -35,7 +38,7 @@ from typing import Any
 
 import torch
 
-from pipelinerl.platform.weights import WeightGroup
+from pipelinerl.platform.weights import BucketsRefused, WeightGroup
 
 EXTENSION = "pipelinerl.workers.engines.vllm_extension.WeightGroupExtension"
 
@@ -71,19 +74,26 @@ class WeightGroupExtension:
         shapes: list[list[int]],
         dtypes: list[str],
         digests: list[bytes] | None = None,
-    ) -> float:
+    ) -> dict[str, Any]:
         """Receive every tensor of one update and load them all in one ``reload_weights`` call.
 
-        Each bucket of tensors is received as the loader asks for its first tensor (streaming: one
-        bucket of receive buffer at a time, not a second copy of the model). Returns seconds taken.
+        With ``digests``, the update is received and checked whole first (``pipelinerl_receive``) and
+        loaded only if no bucket was refused. Without, each bucket is received as the loader asks for
+        its first tensor (streaming: one bucket of receive buffer at a time). Returns ``received``'s
+        mapping, its seconds the whole call's.
         """
         started = time.perf_counter()
+        if digests is not None:
+            answer = self.pipelinerl_receive(names, shapes, dtypes, digests)
+            if not answer["refused"]:
+                self.pipelinerl_load_received()
+            return received(time.perf_counter() - started, answer["refused"], answer["reason"])
         self.reload_weights(  # type: ignore[attr-defined]
-            weights_iterator=self._pipelinerl_receive(names, shapes, dtypes, digests),
+            weights_iterator=self._pipelinerl_receive(names, shapes, dtypes, None),
             is_checkpoint_format=True,
         )
         self.pipelinerl_refresh_tied_lm_head()
-        return time.perf_counter() - started
+        return received(time.perf_counter() - started)
 
     def pipelinerl_receive(
         self,
@@ -91,12 +101,15 @@ class WeightGroupExtension:
         shapes: list[list[int]],
         dtypes: list[str],
         digests: list[bytes] | None = None,
-    ) -> float:
+    ) -> dict[str, Any]:
         """Receive one update into staging buffers (loaded later by ``pipelinerl_load_received``);
-        an update with a refused bucket stages nothing."""
+        an update with a refused bucket stages nothing (what an earlier update staged stays)."""
         started = time.perf_counter()
-        self._pipelinerl_staged = list(self._pipelinerl_receive(names, shapes, dtypes, digests))
-        return time.perf_counter() - started
+        try:
+            self._pipelinerl_staged = list(self._pipelinerl_receive(names, shapes, dtypes, digests))
+        except BucketsRefused as refused:
+            return received(time.perf_counter() - started, refused.buckets, refused.reason)
+        return received(time.perf_counter() - started)
 
     def pipelinerl_load_received(self) -> float:
         """Load the staged update in one ``reload_weights`` call and free the staging buffers."""
@@ -145,3 +158,9 @@ class WeightGroupExtension:
         if self._pipelinerl_group is None:
             raise RuntimeError("this worker has not joined a weight group (pipelinerl_join_weight_group)")
         yield from zip(names, self._pipelinerl_group.receive(shapes, dtypes, digests), strict=True)
+
+
+def received(seconds: float, refused: list[int] | None = None, reason: str = "") -> dict[str, Any]:
+    """What a worker answers for an update it received: the seconds it took and the buckets it
+    refused (none: the update is staged or loaded), with why (``WeightGroup.receive``)."""
+    return {"seconds": seconds, "refused": list(refused or []), "reason": reason}

@@ -8,7 +8,10 @@ import time
 from pathlib import Path
 
 from pipelinerl.flows.role_heartbeat import (
+    HEARTBEAT_INTERVAL_S,
+    LATE_S,
     Heartbeat,
+    attribution,
     beating,
     heartbeat_path,
     read_heartbeat,
@@ -50,3 +53,15 @@ def test_beating_writes_now_and_again_until_the_block_ends(tmp_path: Path) -> No
     ended = read_heartbeat(path)
     time.sleep(0.2)
     assert read_heartbeat(path) == ended, "no beat after the block"
+
+
+def test_attribution_names_a_lapsed_heartbeat_and_watches_late_ones() -> None:
+    """When a role fails, the other running roles' heartbeat ages say whether a lost host is behind it:
+    a lapsed heartbeat names its role; a late one is watched; fresh ones and none-yet are neither."""
+    timeout = 60.0
+    fresh, late, lapsed = 3.0, LATE_S + 1.0, timeout + 1.0
+    assert attribution({"actor0": fresh, "actor1": None}, timeout) == (None, [])
+    assert attribution({"actor0": late, "actor1": fresh}, timeout) == (None, ["actor0"])
+    assert attribution({"actor0": lapsed, "actor1": late}, timeout) == ("actor0", ["actor1"])
+    assert attribution({"actor0": LATE_S, "actor1": timeout}, timeout) == (None, ["actor1"])
+    assert LATE_S > 2 * HEARTBEAT_INTERVAL_S  # a healthy role is never late: it beats every interval

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 import torch
+from blake3 import blake3
 
 from pipelinerl.platform.dtypes import dtype_name
 from pipelinerl.platform.weight_buckets import plan_buckets
@@ -51,6 +52,14 @@ def test_a_non_contiguous_tensor_is_hashed_in_the_order_it_is_flattened() -> Non
 
 def test_an_empty_bucket_has_the_digest_of_no_bytes() -> None:
     assert bucket_digest([torch.empty(0, 3)]) == bucket_digest([])
+
+
+def test_the_digest_is_blake3_of_the_bytes_on_the_wire() -> None:
+    """Any implementation on another side (a GPU kernel, another language) must give these bytes: the
+    BLAKE3 of the empty input is the published test vector, and a bucket's is BLAKE3 of its bytes."""
+    assert bucket_digest([]).hex() == "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+    tensor = torch.arange(3000, dtype=torch.float32)  # 12 kB: more than one BLAKE3 chunk of 1 KiB
+    assert bucket_digest([tensor]) == blake3(tensor.numpy().tobytes()).digest()
 
 
 # ----- the notice's field -----
