@@ -31,6 +31,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -409,42 +410,44 @@ def up(
             {k: v for k, v in head_env.items() if k != "MLFLOW_TRACKING_URI"},
             "SIGTERM",
         )
-        status("waiting for the Prefect server")
-        wait_for(
-            state,
-            {
-                "the Prefect server": (
-                    partial(http_ok, plan, head_url(plan, PREFECT_PORT, "/api/health")),
-                    prefect,
-                )
-            },
-            timeout_s,
-        )
-        status("registering the deployments through the head's API")
-        output = _run_step(
-            state, head, deploy_command(plan), head_env, "registering the deployments", DEPLOY_TIMEOUT_S
-        )
-        state.deployments = stack.last_json_line(output)
-        status("starting the workers")
-        workers = {
-            host.name: start_on(
-                state, host, worker_name(host), worker_command(host), host_env(plan, host, base), "SIGINT"
-            )
-            for host in plan.hosts
-            if host.role != "none"
-        }
         checks: dict[str, tuple[Callable[[], bool], StackProcess]] = {
             "the MLflow server": (partial(http_ok, plan, head_url(plan, MLFLOW_PORT, "/health")), mlflow)
         }
-        if dashboard:
-            _run_step(
-                state, head, db_upgrade_command(plan), head_env, "creating the platform tables", timeout_s
+        # The platform tables need only PostgreSQL: made beside the deployments' registration (one
+        # after the other took 10 s more).
+        with ThreadPoolExecutor(max_workers=1) as beside:
+            tables = None
+            if dashboard:
+                command, what = db_upgrade_command(plan), "creating the platform tables"
+                tables = beside.submit(_run_step, state, head, command, head_env, what, timeout_s)
+            status("waiting for the Prefect server")
+            wait_for(
+                state,
+                {
+                    "the Prefect server": (
+                        partial(http_ok, plan, head_url(plan, PREFECT_PORT, "/api/health")),
+                        prefect,
+                    )
+                },
+                timeout_s,
             )
+            status("registering the deployments through the head's API")
+            output = _run_step(
+                state, head, deploy_command(plan), head_env, "registering the deployments", DEPLOY_TIMEOUT_S
+            )
+            state.deployments = stack.last_json_line(output)
+            if tables is not None:
+                tables.result()
+        status("starting the dashboard and the workers")
+        if dashboard:
             ui = start_on(state, head, "dashboard", dashboard_command(plan, head), head_env, "SIGTERM")
             checks["the dashboard"] = (partial(http_ok, plan, head_url(plan, UI_PORT, "/api/health")), ui)
-        for name, proc in workers.items():
-            host = plan.host(name)
-            checks[f"the worker on {name}"] = (partial(_worker_online, plan, host), proc)
+        for host in plan.hosts:
+            if host.role != "none":
+                proc = start_on(
+                    state, host, worker_name(host), worker_command(host), host_env(plan, host, base), "SIGINT"
+                )
+                checks[f"the worker on {host.name}"] = (partial(_worker_online, plan, host), proc)
         status("waiting for the MLflow server, the dashboard and the workers")
         wait_for(state, checks, timeout_s)
     except BaseException:

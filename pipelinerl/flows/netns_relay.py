@@ -85,7 +85,12 @@ def forward(
 
     threading.Thread(target=sender, daemon=True).start()
     while True:
-        frame, address = source.recvfrom(MAX_FRAME)
+        try:
+            frame, address = source.recvfrom(MAX_FRAME)
+        except OSError as error:  # the cable went down (ENETDOWN, once); frames come again once it is up
+            print(f"receiving on {source.getsockname()[0]}: {error}", flush=True)
+            time.sleep(0.01)
+            continue
         if address[2] == PACKET_OUTGOING:  # our own sends, seen again
             continue
         if rng.random() < loss:
