@@ -85,8 +85,8 @@ def _vllm_engine(
 
 class WeightGroupSender:
     """The trainer's side (rank 0) of a gloo weight group with one engine's workers, as in a run:
-    each update sends every tensor, in the group's buckets, while the engine, paused, receives and
-    loads them."""
+    each update sends every tensor, in the group's buckets, while the engine, paused, receives them,
+    checks them against their digests and loads them."""
 
     def __init__(self, timeout_s: float = 300.0) -> None:
         with socket.socket() as probe:
@@ -115,7 +115,14 @@ class WeightGroupSender:
 
     def __call__(self, engine: Engine, staged: StagedWeights) -> UpdateTiming:
         tensors = staged.tensors
-        meta = (list(staged.names), [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors])
+        # As in a run: the trainer hashes every bucket for the notice before it broadcasts, and the
+        # workers receive and check the whole update before they load it (``vllm_extension``).
+        meta = (
+            list(staged.names),
+            [list(t.shape) for t in tensors],
+            [dtype_name(t) for t in tensors],
+            self._group.digests(tensors),
+        )
         broadcaster = threading.Thread(target=self._broadcast, args=(tensors,), name="bench-broadcast")
         broadcaster.start()
         in_worker: list[float] = []  # seconds inside the worker: receiving and reload_weights

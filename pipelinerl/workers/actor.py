@@ -82,7 +82,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import logging
 import threading
 import time
@@ -95,11 +94,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 import zmq
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from pipelinerl.platform.checkpoint import read_trained, starting_version, train_group_id
 from pipelinerl.platform.config import PipelineConfig
-from pipelinerl.platform.dtypes import policy_dtype, policy_dtype_name
+from pipelinerl.platform.dtypes import policy_dtype_name
 from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.numbering import actor_sender
 from pipelinerl.platform.tracking import metric_registry as registry
@@ -115,6 +114,7 @@ from pipelinerl.tasks import build_task
 from pipelinerl.tasks.base import Problem
 from pipelinerl.tasks.eval_sets import build_eval_sets
 from pipelinerl.tasks.prompting import cut_at_stop, encode_problem, eos_token_ids, prompt_format
+from pipelinerl.workers.actor_engines import transformers_engine, vllm_engine
 from pipelinerl.workers.admission import (
     continuous_admission,
     conventional_round,
@@ -122,9 +122,7 @@ from pipelinerl.workers.admission import (
     runs_rounds,
     wait_over,
 )
-from pipelinerl.workers.engines.lm_head import float32_lm_head
 from pipelinerl.workers.engines.protocol import CompletedSequence, Engine, WeightHolder, WorkersEngine
-from pipelinerl.workers.engines.vllm_engine import VLLMEngine, WeightGroupAddress
 from pipelinerl.workers.evaluation import EvalSchedule, eval_group_id
 from pipelinerl.workers.prompt_stream import prompt_stream
 from pipelinerl.workers.staged_weights import StagedWeights
@@ -222,9 +220,13 @@ class Actor:
         self.workers_engine: WorkersEngine | None = None  # vllm: the engine, as its workers' side
         self.engine: Engine[WeightHolder]
         if config.actor.engine == "vllm":
-            self.engine = self.workers_engine = self._vllm_engine(model_path, max_prompt_tokens)
+            self.engine = self.workers_engine = vllm_engine(
+                config, actor_id, self.eos_token_ids, model_path, max_prompt_tokens
+            )
         else:
-            self.engine = self._transformers_engine(model_path, max_prompt_tokens)
+            self.engine = transformers_engine(
+                config, actor_id, self.eos_token_ids, model_path, max_prompt_tokens
+            )
             self.weight_group = WeightGroup.join(
                 transport.host,
                 transport.port("weight_group"),
@@ -265,58 +267,6 @@ class Actor:
         self._report_lock = threading.Lock()  # async mode: the main thread loads, the weights thread refuses
         self.buckets_refused = 0  # weight buckets whose bytes did not match the notice's digest
         self.refused_version = -1  # the newest update refused (a conventional round does not wait for it)
-
-    def _transformers_engine(self, model_path: Path, max_prompt_tokens: int) -> Engine[torch.nn.Module]:
-        from pipelinerl.workers.engines.transformers_engine import TransformersEngine  # noqa: PLC0415 (transformers>=5.20, absent from vLLM's env)
-
-        actor = self.config.actor
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=policy_dtype(self.config.model.dtype))
-        if self.config.model.lm_head_fp32:
-            float32_lm_head(model)
-        return TransformersEngine(
-            model,
-            eos_token_id=self.eos_token_ids,
-            max_in_flight=actor.max_in_flight,
-            max_new_tokens=actor.max_new_tokens,
-            max_prompt_tokens=max_prompt_tokens,
-            temperature=actor.temperature,
-            kv_block_size=actor.kv_block_size,
-            kv_cache_blocks=actor.kv_cache_blocks,
-            seed=self.config.run.seed * 1000 + self.actor_id,
-            policy_version=starting_version(self.config.run.resume_from),
-        )
-
-    def _vllm_engine(self, model_path: Path, max_prompt_tokens: int) -> WorkersEngine:
-        if importlib.util.find_spec("vllm") is None:
-            raise SystemExit(
-                "actor.engine='vllm' needs vLLM in the actor's interpreter (no module named 'vllm'); build "
-                ".venv-vllm with `make vllm-env` and set actor.python=.venv-vllm/bin/python"
-            )
-        actor, transport = self.config.actor, self.config.transport
-        return VLLMEngine(
-            model_path,
-            eos_token_id=self.eos_token_ids,
-            max_in_flight=actor.max_in_flight,
-            max_new_tokens=actor.max_new_tokens,
-            max_prompt_tokens=max_prompt_tokens,
-            temperature=actor.temperature,
-            seed=self.config.run.seed * 1000 + self.actor_id,
-            policy_version=starting_version(self.config.run.resume_from),
-            kv_cache_on_update=actor.kv_cache_on_update,
-            kv_cache_gib=actor.kv_cache_gib,
-            gpu_memory_utilization=actor.gpu_memory_utilization,
-            cuda_graphs=actor.cuda_graphs,
-            lm_head_fp32=self.config.model.lm_head_fp32,
-            dtype=policy_dtype_name(self.config.model.dtype),
-            cpu_threads=actor.torch_threads,
-            tensor_parallel_size=actor.tensor_parallel_size,
-            weight_group=WeightGroupAddress(
-                transport.host,
-                transport.port("weight_group"),
-                self.config.actor_first_weight_rank(self.actor_id),
-                self.config.weight_group_size(),
-            ),
-        )
 
     # ----- weights: receiver thread -----
 
