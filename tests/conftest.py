@@ -23,6 +23,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from pipelinerl.launch.launcher import resolve_model
 from pipelinerl.platform.config import load_config
+from pipelinerl.platform.model_loading import serialise_model_loading
 from pipelinerl.tasks.tokenizer import build_tokenizer
 from tests.models import build_family_model_dir
 
@@ -31,6 +32,8 @@ pytest_plugins = ["tests.side_effects"]
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tests load models in their own thread while a run's launcher loads in another (model_loading).
+serialise_model_loading()
 
 _TOOL_HOME = pytest.StashKey[Path]()
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import queue
 import socket
 import threading
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from transformers import AutoModelForCausalLM
 
 from pipelinerl.platform.dtypes import dtype_name
 from pipelinerl.platform.weights import WeightGroup
+from pipelinerl.workers.checked_receive import receive_checked
+from pipelinerl.workers.engines.protocol import EngineWorkers
 from pipelinerl.workers.engines.vllm_engine import VLLMEngine, WeightGroupAddress
 
 if TYPE_CHECKING:
@@ -115,22 +118,23 @@ class WeightGroupSender:
 
     def __call__(self, engine: Engine, staged: StagedWeights) -> UpdateTiming:
         tensors = staged.tensors
-        # As in a run: the trainer hashes every bucket for the notice before it broadcasts, and the
-        # workers receive and check the whole update before they load it (``vllm_extension``).
-        meta = (
-            list(staged.names),
-            [list(t.shape) for t in tensors],
-            [dtype_name(t) for t in tensors],
-            self._group.digests(tensors),
+        # As in a run: the trainer hashes every bucket while it broadcasts it and hands the digests
+        # over after the broadcast; the workers receive and hash the whole update, and keep it only
+        # once their digests match (``checked_receive``), then load it.
+        meta = (list(staged.names), [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors])
+        announced: queue.Queue[list[bytes]] = queue.Queue()
+        broadcaster = threading.Thread(
+            target=lambda: announced.put(self._group.send(tensors)), name="bench-broadcast"
         )
-        broadcaster = threading.Thread(target=self._broadcast, args=(tensors,), name="bench-broadcast")
         broadcaster.start()
-        in_worker: list[float] = []  # seconds inside the worker: receiving and reload_weights
+        in_worker: list[float] = []  # seconds inside the workers: receiving (and hashing), then loading
+
+        def load(workers: EngineWorkers) -> None:
+            received_s = receive_checked(workers, *meta, announced=lambda: announced.get(timeout=300))
+            in_worker.append(received_s + workers.load_received())
+
         try:
-            pause = engine.update_weights(  # type: ignore[call-arg]
-                engine.policy_version + 1,
-                lambda workers: in_worker.append(workers.receive_and_load(*meta)),
-            )
+            pause = engine.update_weights(engine.policy_version + 1, load)  # type: ignore[arg-type]
         finally:
             broadcaster.join()
         phases = engine.last_update_s  # type: ignore[attr-defined]
@@ -143,9 +147,6 @@ class WeightGroupSender:
                 "load_in_worker": 1000 * in_worker[0],
             },
         )
-
-    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
-        self._group.send(tensors)
 
 
 # --engine name -> factory(model_path, workload, settings)

@@ -8,10 +8,13 @@ of their own and drop it, as a loader does. Measured per update: the time from t
 to the last member's last tensor, and per member the peak memory the update added beyond its model.
 A bucket of 1 byte is the old behaviour: one broadcast per tensor.
 
-Every update is verified as a run verifies it (``weight_digest``): the leader hashes every bucket
-before it sends (the notice's digests), each member checks every bucket it receives against them.
-The update time starts when the leader starts hashing; the digest's cost is the leader's hashing plus
-the slowest member's checking, reported as a share of the update time.
+Each repeat times two updates back to back: one verified as a run verifies it (``weight_digest``:
+the leader hashes every bucket while it broadcasts it and hands the digests over after the
+broadcast, as the trainer's ``WeightDigests``; each member hashes every bucket while the next one
+arrives, compares, and only then copies anything), and one plain (no hashing on either side,
+tensors copied as they arrive). The digest's cost is the difference of the two medians, as a share
+of the verified update's time; also reported: how long each side waited for its hashes once its
+last bucket had gone or arrived (what the overlap did not hide).
 """
 
 from __future__ import annotations
@@ -75,8 +78,9 @@ def _peak_rss_bytes() -> int:
 def _member(
     port: int, rank: int, world: int, shapes: list, dtypes: list, repeats: int, notices: Any, out: Any
 ) -> None:
-    """A member process: a model-sized destination, then ``repeats`` updates copied into it, each
-    checked against the digests the leader announced (``notices``: the notice's digests)."""
+    """A member process: a model-sized destination, then ``repeats`` pairs of updates copied into
+    it: one checked against the digests the leader hands over after its broadcast (``notices``, as
+    the trainer's ``WeightDigests`` arrive), one plain."""
     torch.set_num_threads(1)
     destination = [
         torch.zeros(shape, dtype=DTYPES[dtype]) for shape, dtype in zip(shapes, dtypes, strict=True)
@@ -84,17 +88,23 @@ def _member(
     group = WeightGroup.join("127.0.0.1", port, rank, world, timeout_s=120)
     baseline = _peak_rss_bytes()
     for _ in range(repeats):
-        digests = notices.get(timeout=300)
-        for target, tensor in zip(destination, group.receive(shapes, dtypes, digests), strict=True):
+        update = group.receive_update(shapes, dtypes)
+        update.check(notices.get(timeout=300))
+        for target, tensor in zip(destination, update.tensors(), strict=True):
             target.copy_(tensor)
-        out.put(("done", rank, time.perf_counter(), group.last_verify_s))
+        del update
+        out.put(("checked", rank, time.perf_counter(), group.last_verify_s))
+        for target, tensor in zip(destination, group.receive(shapes, dtypes), strict=True):
+            target.copy_(tensor)
+        out.put(("plain", rank, time.perf_counter(), 0.0))
     out.put(("memory", rank, _peak_rss_bytes() - baseline))
 
 
 def measure_bucket_size(
     settings: WeightsBenchSettings, tensors: list[Any], bucket_bytes: int, port: int
 ) -> dict[str, Any]:
-    """Time ``settings.repeats`` updates through a group whose buckets are at most ``bucket_bytes``."""
+    """Time ``settings.repeats`` pairs of updates (verified, plain) through a group whose buckets are
+    at most ``bucket_bytes``."""
     shapes = [list(t.shape) for t in tensors]
     dtypes = [dtype_name(t) for t in tensors]
     world = 1 + settings.members
@@ -112,17 +122,20 @@ def measure_bucket_size(
         process.start()
     try:
         leader = WeightGroup.lead("127.0.0.1", port, world, bucket_bytes=bucket_bytes, timeout_s=120)
-        times_ms, hash_ms, verify_ms = [], [], []
+        checked_ms, plain_ms, hash_wait_ms, verify_wait_ms = [], [], [], []
         for _ in range(settings.repeats):
             started = time.perf_counter()
-            digests = leader.digests(tensors)
-            hash_ms.append(1000 * (time.perf_counter() - started))
+            digests = leader.send(tensors)
             for queue in notices:
                 queue.put(digests)
-            leader.send(tensors)
             finished = [out.get(timeout=300) for _ in range(settings.members)]
-            times_ms.append(1000 * (max(at for _, _, at, _ in finished) - started))
-            verify_ms.append(1000 * max(verify_s for _, _, _, verify_s in finished))
+            checked_ms.append(1000 * (max(at for _, _, at, _ in finished) - started))
+            hash_wait_ms.append(1000 * leader.last_hash_wait_s)
+            verify_wait_ms.append(1000 * max(waited for _, _, _, waited in finished))
+            started = time.perf_counter()
+            leader.send(tensors, hashed=False)
+            finished = [out.get(timeout=300) for _ in range(settings.members)]
+            plain_ms.append(1000 * (max(at for _, _, at, _ in finished) - started))
         extra = [out.get(timeout=60)[2] for _ in range(settings.members)]
     finally:
         for process in members:
@@ -130,19 +143,20 @@ def measure_bucket_size(
             if process.is_alive():
                 process.kill()
     total_bytes = sum(t.numel() * t.element_size() for t in tensors)
-    median_ms = statistics.median(times_ms)
-    digest_share = [(h + v) / total for h, v, total in zip(hash_ms, verify_ms, times_ms, strict=True)]
+    median_ms, plain_median_ms = statistics.median(checked_ms), statistics.median(plain_ms)
     return {
         "bucket_bytes": bucket_bytes,
         "buckets_per_update": len(plan_buckets(shapes, dtypes, bucket_bytes)),
         "update_ms_median": round(median_ms, 1),
-        "update_ms_max": round(max(times_ms), 1),
+        "update_ms_max": round(max(checked_ms), 1),
         "mb_per_s": round(total_bytes / 1e6 / (median_ms / 1000), 1),
         "member_peak_extra_mib": round(max(extra) / MIB, 1),
-        "update_ms": [round(value, 1) for value in times_ms],
-        "trainer_hash_ms_median": round(statistics.median(hash_ms), 1),
-        "member_verify_ms_median": round(statistics.median(verify_ms), 1),
-        "digest_share_median": round(statistics.median(digest_share), 3),
+        "update_ms": [round(value, 1) for value in checked_ms],
+        "plain_update_ms_median": round(plain_median_ms, 1),
+        "plain_update_ms": [round(value, 1) for value in plain_ms],
+        "trainer_hash_wait_ms_median": round(statistics.median(hash_wait_ms), 1),
+        "member_hash_wait_ms_median": round(statistics.median(verify_wait_ms), 1),
+        "digest_share_median": round((median_ms - plain_median_ms) / median_ms, 3),
     }
 
 
@@ -162,7 +176,7 @@ def run_weights_bench(settings: WeightsBenchSettings, progress: Any) -> dict[str
         "tensors": len(tensors),
         "fastest_bucket_mib": round(fastest["bucket_bytes"] / MIB, 3),
         "fastest_update_ms": fastest["update_ms_median"],
-        # Hashing on the leader plus checking on the slowest member, as a share of the update time.
+        # (verified update - plain update) / verified update, medians over the repeats.
         "digest_share_at_fastest": fastest["digest_share_median"],
         # How many times faster the fastest bucket size updates than one broadcast per tensor (records
         # before issue 25: ``speedup_over_per_tensor``, same direction).
@@ -179,10 +193,13 @@ def run_weights_bench(settings: WeightsBenchSettings, progress: Any) -> dict[str
         "notes": [
             "gloo over loopback on this machine (a CPU group); each member copies every tensor into a "
             "model of its own and drops it, as vLLM's loader does",
-            "update time: the leader's first hash to the last member's last tensor; member peak extra: "
-            "the rise of the member's peak RSS over the updates, beyond its model",
-            f"digest ({ALGORITHM}): the leader hashes every bucket before it sends (threads: one a core), "
-            "each member checks every bucket as it arrives; share = (hash + slowest check) / update time",
+            "update time: the leader's first broadcast to the last member's last tensor copied; member "
+            "peak extra: the rise of the member's peak RSS over the updates, beyond its model (a "
+            "verified update is held whole until its digests match)",
+            f"digest ({ALGORITHM}): the leader hashes each bucket while it broadcasts it and hands the "
+            "digests over after the broadcast, each member hashes each bucket while the next arrives "
+            "and compares before it copies; share = (verified - plain) / verified, medians; hash waits: "
+            "time spent waiting for hashes after the last bucket",
         ],
         "settings": asdict(settings),
     }
@@ -201,8 +218,9 @@ def render_weights_table(record: dict[str, Any]) -> str:
             row["update_ms_max"],
             row["mb_per_s"],
             row["member_peak_extra_mib"],
-            row["trainer_hash_ms_median"],
-            row["member_verify_ms_median"],
+            row["plain_update_ms_median"],
+            row["trainer_hash_wait_ms_median"],
+            row["member_hash_wait_ms_median"],
             f"{100 * row['digest_share_median']:.0f} %",
         ]
         for row in record["bucket_sizes"]
@@ -214,8 +232,9 @@ def render_weights_table(record: dict[str, Any]) -> str:
         "update max (ms)",
         "MB/s",
         "member peak extra (MiB)",
-        "trainer hash (ms)",
-        "member check (ms)",
+        "plain update median (ms)",
+        "trainer hash wait (ms)",
+        "member hash wait (ms)",
         "digest share of update",
     ]
     return markdown_table(headers, rows)

@@ -67,7 +67,13 @@ from pipelinerl.flows.netns_plan import (
     worker_name,
     worker_pool,
 )
-from pipelinerl.flows.stack_plan import DEPLOY_TIMEOUT_S, STARTUP_TIMEOUT_S, StackProcess, tool
+from pipelinerl.flows.stack_plan import (
+    DEPLOY_TIMEOUT_S,
+    STARTUP_TIMEOUT_S,
+    StackProcess,
+    mlflow_server_env,
+    tool,
+)
 
 T = TypeVar("T")
 NETNS_DIR = Path("/run/netns")
@@ -407,7 +413,7 @@ def up(
             head,
             "mlflow-server",
             mlflow_server_command(plan, head),
-            {k: v for k, v in head_env.items() if k != "MLFLOW_TRACKING_URI"},
+            mlflow_server_env(head_env),
             "SIGTERM",
         )
         checks: dict[str, tuple[Callable[[], bool], StackProcess]] = {

@@ -159,8 +159,10 @@ def held_out_success(config: PipelineConfig, model_path: Path) -> float:
 
     from pipelinerl.launch.warmstart import evaluate_success  # noqa: PLC0415 (torch/transformers: after preflight)
     from pipelinerl.platform.dtypes import policy_dtype  # noqa: PLC0415 (torch/transformers: after preflight)
+    from pipelinerl.platform.model_loading import serialise_model_loading  # noqa: PLC0415 (transformers)
     from pipelinerl.tasks.prompting import eos_token_ids, prompt_format  # noqa: PLC0415 (torch/transformers: after preflight)
 
+    serialise_model_loading()  # runs may share this process: one load at a time
     task = build_task(config.task)
     problems = task.problems("eval", config.task.eval_problems, config.run.seed)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=policy_dtype(config.model.dtype)).eval()

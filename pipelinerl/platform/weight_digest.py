@@ -2,10 +2,11 @@
 
 The weight group (``weights``) carries the tensors over a torch.distributed collective that is
 neither encrypted nor authenticated: a stranger who reaches the trainer's store can join it or
-inject bytes into a broadcast. The ``WeightUpdate`` notice travels over the authenticated ZeroMQ
-channel, so it carries one digest per bucket (``weight_buckets``), computed by the trainer before it
-sends the notice; a member recomputes the digest of every bucket it receives and loads nothing from
-a bucket whose digest differs.
+inject bytes into a broadcast. The authenticated ZeroMQ notice channel carries the truth: after the
+broadcast of an update, the trainer sends a ``WeightDigests`` message with one digest per bucket
+(``weight_buckets``), each hashed while that bucket was being broadcast; a member hashes every bucket
+as it arrives (while the next one arrives), compares once the message is in, and loads nothing of an
+update with a bucket whose digest differs (``refused_buckets``).
 
 What is hashed: the bucket's raw bytes, exactly as they cross the wire: the flattened buffer, its
 members' elements end to end in tensor order, each element in the machine's (little-endian) byte
@@ -34,7 +35,7 @@ broadcast itself would never leave the GPUs. That cost can exceed the broadcast'
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from blake3 import blake3
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     import torch
 
 ALGORITHM = "blake3"
-DIGEST_BYTES = 32  # what every bucket digest in a notice is long
+DIGEST_BYTES = 32  # what every bucket digest is long
 
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
@@ -69,6 +70,17 @@ def bucket_digest(parts: Iterable[torch.Tensor]) -> bytes:
     return hasher.digest()
 
 
-def digest_matches(expected: bytes, bucket: torch.Tensor) -> bool:
-    """Whether the received flattened ``bucket`` has the digest the notice announced."""
-    return hmac.compare_digest(expected, bucket_digest([bucket]))
+def refused_buckets(received: Sequence[bytes], announced: Sequence[bytes] | None) -> tuple[list[int], str]:
+    """The buckets whose ``received`` digest (a member's, one per bucket it received) differs from the
+    trainer's ``announced`` one, with why; ``([], "")`` when every bucket matches. No digests
+    (``None``: they never came), or digests that are not one per bucket, refuse every bucket."""
+    if announced is None:
+        return list(range(len(received))), "the trainer's digests of this update did not come"
+    if len(announced) != len(received):
+        return list(range(len(received))), f"{len(announced)} digests came for {len(received)} buckets"
+    refused = [
+        number
+        for number, (mine, theirs) in enumerate(zip(received, announced, strict=True))
+        if not hmac.compare_digest(mine, theirs)
+    ]
+    return refused, "its bytes differ from the digest the trainer announced" if refused else ""

@@ -14,11 +14,12 @@ gloo (CPU buffers; a GPU member copies each bucket to its device), NCCL (buffers
 for a trainer and an actor sharing one GPU, CUDA IPC (each bucket's handle through the store, a gloo
 barrier once every member has copied it; ``cuda_ipc``).
 
-The collective is neither encrypted nor authenticated, so the notice carries a digest of every bucket
-(``digests``, ``weight_digest``) and a member checks each bucket it receives against it before it
-hands out any tensor of that bucket (``receive``). A member that finds a bucket altered still takes
-part in every later broadcast of the update (the trainer's broadcast must complete), hands out
-nothing more, and then raises ``BucketsRefused``.
+The collective is neither encrypted nor authenticated, so the trainer hashes every bucket while it
+broadcasts it (``send`` returns the digests) and sends the digests after the broadcast over the
+authenticated ZeroMQ channel (``WeightDigests``); a member hashes every bucket while the next one
+arrives (``receive_update``) and uses none of the update unless every digest matches
+(``ReceivedUpdate.check``, else ``BucketsRefused``). Every member takes part in every broadcast of
+the update whatever its bytes, so the trainer's broadcast always completes.
 """
 
 from __future__ import annotations
@@ -40,18 +41,21 @@ from pipelinerl.platform.cuda_ipc import export, open_exported
 from pipelinerl.platform.dtypes import DTYPES, dtype_name
 from pipelinerl.platform.stores import gloo_device, host_store
 from pipelinerl.platform.weight_buckets import Bucket, plan_buckets
-from pipelinerl.platform.weight_digest import bucket_digest, digest_matches
+from pipelinerl.platform.weight_digest import bucket_digest, refused_buckets
 
 TRAINER_RANK = 0
 Backend = Literal["gloo", "nccl", "ipc"]
 BACKENDS: tuple[Backend, ...] = ("gloo", "nccl", "ipc")
 MIB = 1 << 20
 TERMS_KEY = "weights/terms"
+# Buckets the trainer may broadcast ahead of their hashes: where hashing is slower than the wire (a GPU
+# bucket is copied to the host to be hashed), at most this many flattened buckets wait for it.
+HASHES_AHEAD = 2
 
 
 class BucketsRefused(ValueError):
-    """An update whose ``buckets`` (indices in the bucket plan) did not match the notice's digests:
-    raised by ``WeightGroup.receive`` after the update's last broadcast, so nothing is left hanging."""
+    """An update whose ``buckets`` (indices in the bucket plan) did not match the trainer's digests
+    (``ReceivedUpdate.check``): every broadcast of the update has completed, so nothing hangs."""
 
     def __init__(self, buckets: list[int], reason: str) -> None:
         super().__init__(f"bucket(s) {buckets} refused: {reason}")
@@ -135,7 +139,8 @@ class WeightGroup:
             options._timeout = timeout
             self._group = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
         self._updates = 0  # updates sent or received so far: names the ipc handles in the store
-        self.last_verify_s = 0.0  # seconds the last ``receive`` spent checking digests
+        self.last_verify_s = 0.0  # seconds the last ``receive_update`` waited for its hashes
+        self.last_hash_wait_s = 0.0  # seconds the last ``send`` waited for its hashes
 
     @classmethod
     def lead(
@@ -183,91 +188,74 @@ class WeightGroup:
             [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors], self.terms.bucket_bytes
         )
 
-    def digests(self, tensors: Sequence[torch.Tensor]) -> list[bytes]:
-        """Rank 0: the digest of every bucket ``send`` will broadcast of ``tensors``, for the notice
-        (``WeightUpdate.bucket_digests``): each bucket's members hashed end to end, which is the digest
-        of the flattened bucket without building it (on every core: ``weight_digest``)."""
-        return [bucket_digest(tensors[i] for i in bucket.members) for bucket in self.plan(tensors)]
+    def send(self, tensors: Sequence[torch.Tensor], *, hashed: bool = True) -> list[bytes]:
+        """Rank 0: broadcast every tensor, bucket by bucket; returns the digest of every bucket, for the
+        ``WeightDigests`` message that follows the broadcast over the authenticated channel (none
+        when not ``hashed``: benchmarks and tests of the transfer alone).
 
-    def send(self, tensors: Sequence[torch.Tensor]) -> float:
-        """Rank 0: broadcast every tensor, bucket by bucket; returns seconds taken."""
+        Bucket k is hashed on a thread of its own while it is broadcast (both only read it), so the
+        hash costs the update only where it outlasts the transfer: the last bucket's, mostly
+        (``last_hash_wait_s``: the time spent waiting for hashes after the last broadcast).
+        """
         if self.rank != TRAINER_RANK:
             raise RuntimeError(f"weight-group rank {self.rank} receives; only rank 0 sends")
-        started = time.perf_counter()
-        for number, bucket in enumerate(self.plan(tensors)):
-            if bucket.numel == 0:  # nothing to move (members make theirs up)
-                continue
-            parts = [tensors[index].reshape(-1) for index in bucket.members]
-            flat = (parts[0] if len(parts) == 1 else torch.cat(parts)).contiguous()
-            if self.terms.backend == "ipc":
-                self._hand_over(number, flat)
-            else:
-                self._broadcast(flat.cpu() if self.terms.backend == "gloo" else flat)
+        hashes: list[Future[bytes]] = []
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bucket-hash") as hasher:
+            for number, bucket in enumerate(self.plan(tensors)):
+                parts = [tensors[index].reshape(-1) for index in bucket.members]
+                flat = (parts[0] if len(parts) == 1 else torch.cat(parts)).contiguous()
+                if hashed:
+                    hashes.append(hasher.submit(bucket_digest, [flat]))
+                    if len(hashes) > HASHES_AHEAD:  # a slow hash holds back the broadcast, not memory
+                        hashes[-1 - HASHES_AHEAD].result()
+                if bucket.numel == 0:  # nothing to move (members make theirs up)
+                    continue
+                if self.terms.backend == "ipc":
+                    self._hand_over(number, flat)
+                else:
+                    self._broadcast(flat.cpu() if self.terms.backend == "gloo" else flat)
+            waited = time.perf_counter()
+            digests = [future.result() for future in hashes]
+            self.last_hash_wait_s = time.perf_counter() - waited
         self._updates += 1
-        return time.perf_counter() - started
+        return digests
 
-    def receive(
-        self,
-        shapes: Sequence[Sequence[int]],
-        dtypes: Sequence[str],
-        digests: Sequence[bytes] | None = None,
-    ) -> Iterator[torch.Tensor]:
-        """A member: each tensor of one update, in order, on this member's device, as it arrives.
+    def receive(self, shapes: Sequence[Sequence[int]], dtypes: Sequence[str]) -> Iterator[torch.Tensor]:
+        """A member: each tensor of one update, in order, on this member's device, as it arrives,
+        unchecked (benchmarks and tests of the transfer; an actor takes ``receive_update``).
 
         The tensors are views into their bucket's buffer, which lives as long as one of them does:
-        a consumer that copies each tensor and drops it (a model loader) holds one bucket at a time,
-        plus the next one while it arrives.
-
-        With ``digests`` (the notice's, one per bucket), a bucket's tensors are handed out only once
-        its bytes match its digest. The check of bucket k runs on a thread of its own while bucket k+1
-        arrives, so it costs the update only where it outlasts the next transfer (``last_verify_s``:
-        the time spent waiting for checks). From the first bucket that does not match, nothing more is
-        handed out; every later bucket is still received (every member takes part in every broadcast
-        of the update, or the trainer's would hang) and checked, and then ``BucketsRefused`` names
-        them all. Digests that are not one per bucket refuse every bucket. ``None``: no check
-        (benchmarks, tests).
+        a consumer that copies each tensor and drops it (a model loader) holds one bucket at a time.
         """
         if self.rank == TRAINER_RANK:
             raise RuntimeError("weight-group rank 0 sends; members receive")
         plan = plan_buckets(shapes, dtypes, self.terms.bucket_bytes)
-        self.last_verify_s = 0.0
-        refused: list[int] = []
-        reason = "its bytes differ from the digest the notice announced"
-        if digests is not None and len(digests) != len(plan):
-            refused = list(range(len(plan)))
-            reason = f"the notice has {len(digests)} digests for {len(plan)} buckets"
-            digests = None
-        arrived: _Arrived | None = None  # the previous bucket, its check under way
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bucket-check") as checker:
-            for number, bucket in enumerate(plan):
-                flat = self._receive_bucket(number, bucket)
-                check = None if digests is None else checker.submit(digest_matches, digests[number], flat)
-                if arrived is not None:
-                    yield from self._hand_out(arrived, shapes, refused)
-                arrived = _Arrived(number, bucket, flat, check)
-            if arrived is not None:
-                yield from self._hand_out(arrived, shapes, refused)
+        for number, bucket in enumerate(plan):
+            yield from _views(self._receive_bucket(number, bucket).to(self.device), bucket, shapes)
         self._updates += 1
-        if refused:
-            raise BucketsRefused(refused, reason)
 
-    def _hand_out(
-        self, arrived: _Arrived, shapes: Sequence[Sequence[int]], refused: list[int]
-    ) -> Iterator[torch.Tensor]:
-        """A member: the tensors of one received bucket, once its check (if any) has passed and no
-        bucket before it was refused; a bucket that fails its check joins ``refused``."""
-        if arrived.check is not None:
+    def receive_update(self, shapes: Sequence[Sequence[int]], dtypes: Sequence[str]) -> ReceivedUpdate:
+        """A member: every bucket of one update, received and hashed, nothing handed out yet.
+
+        Bucket k is hashed on a thread of its own while bucket k+1 arrives, so the hash costs the
+        update only where it outlasts the next transfer (``last_verify_s``: the time spent waiting for
+        hashes after the last bucket). The caller compares the digests with the trainer's
+        (``ReceivedUpdate.check``) before it takes any tensor: the collective is unauthenticated.
+        """
+        if self.rank == TRAINER_RANK:
+            raise RuntimeError("weight-group rank 0 sends; members receive")
+        plan = plan_buckets(shapes, dtypes, self.terms.bucket_bytes)
+        buffers: list[torch.Tensor] = []
+        hashes: list[Future[bytes]] = []
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bucket-hash") as hasher:
+            for number, bucket in enumerate(plan):
+                buffers.append(self._receive_bucket(number, bucket))
+                hashes.append(hasher.submit(bucket_digest, [buffers[-1]]))
             waited = time.perf_counter()
-            matches = arrived.check.result()
-            self.last_verify_s += time.perf_counter() - waited
-            if not matches:
-                refused.append(arrived.number)
-        if refused:
-            return
-        flat = arrived.flat if arrived.flat.device == self.device else arrived.flat.to(self.device)
-        bucket = arrived.bucket
-        for index, offset, size in zip(bucket.members, bucket.offsets, bucket.sizes, strict=True):
-            yield flat[offset : offset + size].view(list(shapes[index]))
+            digests = [future.result() for future in hashes]
+            self.last_verify_s = time.perf_counter() - waited
+        self._updates += 1
+        return ReceivedUpdate(plan, buffers, digests, [list(shape) for shape in shapes], self.device)
 
     def _receive_bucket(self, number: int, bucket: Bucket) -> torch.Tensor:
         """A member: bucket ``number``'s flattened buffer, where it arrived (the CPU for gloo)."""
@@ -305,13 +293,34 @@ class WeightGroup:
 
 
 @dataclass(frozen=True)
-class _Arrived:
-    """A bucket a member has received: its buffer and, when digests were announced, its check."""
+class ReceivedUpdate:
+    """A member's received update (``WeightGroup.receive_update``): every bucket's buffer where it
+    arrived and the digest of its bytes. Nothing of it is used before ``check`` passes."""
 
-    number: int
-    bucket: Bucket
-    flat: torch.Tensor
-    check: Future[bool] | None
+    plan: list[Bucket]
+    buffers: list[torch.Tensor]
+    digests: list[bytes]
+    shapes: list[list[int]]
+    device: torch.device
+
+    def check(self, announced: Sequence[bytes] | None) -> None:
+        """``BucketsRefused`` naming every bucket whose bytes differ from the trainer's ``announced``
+        digests (its ``WeightDigests``; None: they did not come); returns when every bucket matches."""
+        refused, reason = refused_buckets(self.digests, announced)
+        if refused:
+            raise BucketsRefused(refused, reason)
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Each tensor of the update, in order, on the member's device (views into its bucket)."""
+        for flat, bucket in zip(self.buffers, self.plan, strict=True):
+            yield from _views(
+                flat if flat.device == self.device else flat.to(self.device), bucket, self.shapes
+            )
+
+
+def _views(flat: torch.Tensor, bucket: Bucket, shapes: Sequence[Sequence[int]]) -> Iterator[torch.Tensor]:
+    for index, offset, size in zip(bucket.members, bucket.offsets, bucket.sizes, strict=True):
+        yield flat[offset : offset + size].view(list(shapes[index]))
 
 
 def _store(host: str, port: int, world_size: int, rank: int, timeout: timedelta) -> dist.TCPStore:

@@ -46,7 +46,6 @@ import numpy as np
 import numpy.typing as npt
 import zmq
 
-from pipelinerl.platform.weight_buckets import plan_buckets
 from pipelinerl.platform.weight_digest import DIGEST_BYTES
 
 # Only plain numeric dtypes may travel: these cover token ids, policy versions and log-probs, and
@@ -225,13 +224,8 @@ class TrainBatch(WireStruct, tag=True):
 
 
 class WeightUpdate(WireStruct, tag=True):
-    """Trainer -> actors (PUB/SUB notice); the tensors follow by torch.distributed broadcast.
-
-    ``bucket_digests``: the digest of every bucket of the broadcast (``weight_digest``), in the order
-    of the bucket plan of the tensors on ``bucket_bytes`` (``weight_buckets``), so an actor can tell
-    bytes injected into the unauthenticated collective from the trainer's. Both default to none (a
-    notice from before digests still decodes; an actor loads nothing from it); given, they must
-    be exactly one per bucket, or the notice is malformed."""
+    """Trainer -> actors (PUB/SUB notice); the tensors follow by torch.distributed broadcast, then
+    ``WeightDigests`` of this version."""
 
     policy_version: NonNegativeInt
     parameter_names: list[str]
@@ -239,8 +233,6 @@ class WeightUpdate(WireStruct, tag=True):
     parameter_dtypes: list[str]
     samples_trained: NonNegativeInt
     created_at: float
-    bucket_bytes: NonNegativeInt = 0
-    bucket_digests: list[Digest] = []
 
     def __post_init__(self) -> None:
         n_parameters = len(self.parameter_names)
@@ -249,18 +241,21 @@ class WeightUpdate(WireStruct, tag=True):
                 f"WeightUpdate lists {n_parameters} names, {len(self.parameter_shapes)} shapes and "
                 f"{len(self.parameter_dtypes)} dtypes; they must be equal"
             )
-        if not self.bucket_digests:
-            return
+
+
+class WeightDigests(WireStruct, tag=True):
+    """Trainer -> actors (PUB/SUB notice), right after the broadcast of update ``policy_version``:
+    the digest of every bucket it carried (``weight_digest``), in the order of the group's bucket
+    plan, so an actor can tell bytes injected into the unauthenticated collective from the trainer's
+    before it loads any. How many there must be is the actor's to check against what it received
+    (``weight_digest.refused_buckets``)."""
+
+    policy_version: NonNegativeInt
+    bucket_digests: list[Digest]
+
+    def __post_init__(self) -> None:
         if any(len(digest) != DIGEST_BYTES for digest in self.bucket_digests):  # msgspec checks decoding
-            raise ValueError(f"WeightUpdate.bucket_digests must each be {DIGEST_BYTES} bytes")
-        if self.bucket_bytes < 1:
-            raise ValueError("WeightUpdate.bucket_digests come without the bucket size they were planned on")
-        n_buckets = len(plan_buckets(self.parameter_shapes, self.parameter_dtypes, self.bucket_bytes))
-        if len(self.bucket_digests) != n_buckets:
-            raise ValueError(
-                f"WeightUpdate carries {len(self.bucket_digests)} bucket digests for the {n_buckets} buckets "
-                f"of its tensors in {self.bucket_bytes}-byte buckets; they must be equal"
-            )
+            raise ValueError(f"WeightDigests.bucket_digests must each be {DIGEST_BYTES} bytes")
 
 
 class Shutdown(WireStruct, tag=True):
@@ -327,8 +322,8 @@ def impossible_values(
     return None
 
 
-Message: TypeAlias = Rollout | TrainBatch | WeightUpdate | Shutdown
-MESSAGE_TYPES: Final = (Rollout, TrainBatch, WeightUpdate, Shutdown)
+Message: TypeAlias = Rollout | TrainBatch | WeightUpdate | WeightDigests | Shutdown
+MESSAGE_TYPES: Final = (Rollout, TrainBatch, WeightUpdate, WeightDigests, Shutdown)
 
 Frame: TypeAlias = bytes | memoryview | zmq.Frame
 

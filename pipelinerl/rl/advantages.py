@@ -11,12 +11,13 @@ Ahmadian et al. 2024, arXiv 2402.14740 (RLOO).
 
 from __future__ import annotations
 
-import torch
+import numpy as np
+import numpy.typing as npt
 
 
 def leave_one_out_advantages(
-    rewards: torch.Tensor, normalize_std: bool = False, eps: float = 1e-6
-) -> torch.Tensor:
+    rewards: npt.ArrayLike, normalize_std: bool = False, eps: float = 1e-6
+) -> npt.NDArray[np.floating]:
     """Leave-one-out advantages within each group of samples of one prompt.
 
     ``A_i = R_i - mean_{j != i} R_j``, which equals ``G / (G - 1) * (R_i - mean_j R_j)``.
@@ -32,19 +33,20 @@ def leave_one_out_advantages(
 
     Reference: Piché et al. 2025, arXiv 2509.19128, §"Numbers to implement" (advantage).
     """
-    if rewards.dim() != 2:
+    rewards = np.asarray(rewards)
+    if rewards.ndim != 2:
         raise ValueError(f"rewards must be 2-D [num_groups, group_size], got shape {tuple(rewards.shape)}")
     group_size = rewards.shape[1]
     if group_size < 2:
         raise ValueError(f"group_size must be >= 2 for a leave-one-out baseline, got {group_size}")
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    if not rewards.is_floating_point():
-        rewards = rewards.to(torch.float32)
+    if not np.issubdtype(rewards.dtype, np.floating):
+        rewards = rewards.astype(np.float32)
 
-    group_sum = rewards.sum(dim=1, keepdim=True)
+    group_sum = rewards.sum(axis=1, keepdims=True)
     baseline = (group_sum - rewards) / (group_size - 1)
     advantages = rewards - baseline
     if normalize_std:
-        advantages = advantages / (rewards.std(dim=1, keepdim=True) + eps)
+        advantages = advantages / (rewards.std(axis=1, ddof=1, keepdims=True) + eps)
     return advantages

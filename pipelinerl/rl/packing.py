@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 
 def pack_micro_batches(lengths: Sequence[int], max_tokens_per_micro_batch: int) -> list[list[int]]:
     """Greedy packing of sequence indices into micro-batches of padded cost <= ``max_tokens_per_micro_batch``.
@@ -50,25 +48,3 @@ def pack_micro_batches(lengths: Sequence[int], max_tokens_per_micro_batch: int) 
     if current:
         micro_batches.append(current)
     return micro_batches
-
-
-def pad_micro_batch(sequences: Sequence[Sequence[int]], pad_value: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad token id sequences into a rectangle.
-
-    Args:
-        sequences: ``b >= 1`` sequences of token ids.
-        pad_value: id written into padding positions.
-
-    Returns:
-        ``(input_ids, attention_mask)``: ``[b, T]`` int64 ids and ``[b, T]`` bool mask, True on real tokens,
-        where ``T`` is the longest sequence's length.
-    """
-    if len(sequences) == 0:
-        raise ValueError("pad_micro_batch needs at least one sequence, got 0")
-    longest = max(len(sequence) for sequence in sequences)
-    input_ids = torch.full((len(sequences), longest), pad_value, dtype=torch.int64)
-    attention_mask = torch.zeros((len(sequences), longest), dtype=torch.bool)
-    for row, sequence in enumerate(sequences):
-        input_ids[row, : len(sequence)] = torch.as_tensor(list(sequence), dtype=torch.int64)
-        attention_mask[row, : len(sequence)] = True
-    return input_ids, attention_mask

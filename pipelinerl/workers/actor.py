@@ -31,17 +31,12 @@ Each weight update the actor loads appends a record to ``actor<k>.jsonl`` in the
 the update pause, tokens/s and the idle fraction since the previous update (time blocked on a full
 rollout queue, waiting for weights, or with nothing in flight).
 
-Every bucket of an update is checked against the digest its notice announced (``weight_digest``)
-before any tensor of it is loaded. An update with a bucket that does not match is refused whole:
-the actor receives the rest of it (so the trainer's broadcast completes), loads none of it, keeps its
-weights and version, counts the refused buckets (``actor/weight_buckets_refused``, in a record of its
-own, without a pause) and logs a warning naming the version and the buckets; half an update loaded
-is worse than none (a model no version describes). The next update that verifies replaces all
-tensors, so the actor catches up then. A conventional round waiting for the refused version goes
-on with the weights it has (its tokens stamped with their version), rather than waiting for an
-update that will never load. On the vllm engine the workers receive and check the buckets; a refused
-update stops the actor with that error (its loader may have loaded the buckets before the refused
-one: not verified here, no vLLM on the machine this was written on).
+Every bucket of an update is checked against the digest the trainer sends after its broadcast
+(``checked_receive``) before any tensor of it is loaded. An update with a bucket that does not match
+is refused whole (half an update loaded is a model no version describes): the actor keeps its
+weights and version, counts the refused buckets (``actor/weight_buckets_refused``, in a record of
+its own) and logs a warning naming them; the next update that verifies replaces every tensor. A
+conventional round waiting for the refused version goes on with the weights it has.
 
 Threads, and who owns what:
 
@@ -109,7 +104,7 @@ from pipelinerl.platform.weights import (
     saved_tensor_shapes,
     weight_update_problem,
 )
-from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
+from pipelinerl.platform.wire import Message, Rollout, Shutdown, WeightUpdate
 from pipelinerl.tasks import build_task
 from pipelinerl.tasks.base import Problem
 from pipelinerl.tasks.eval_sets import build_eval_sets
@@ -122,10 +117,18 @@ from pipelinerl.workers.admission import (
     runs_rounds,
     wait_over,
 )
-from pipelinerl.workers.engines.protocol import CompletedSequence, Engine, WeightHolder, WorkersEngine
+from pipelinerl.workers.checked_receive import announced_digests, receive_checked
+from pipelinerl.workers.engines.protocol import (
+    CompletedSequence,
+    Engine,
+    EngineWorkers,
+    WeightHolder,
+    WorkersEngine,
+)
 from pipelinerl.workers.evaluation import EvalSchedule, eval_group_id
 from pipelinerl.workers.prompt_stream import prompt_stream
 from pipelinerl.workers.staged_weights import StagedWeights
+from pipelinerl.workers.stop_flag import StopFlag
 
 if TYPE_CHECKING:
     from pipelinerl.platform.curve_keys import CurveKeys
@@ -143,26 +146,6 @@ class PendingSample:
     group_id: str
     group_size: int
     split: str = "train"
-
-
-class StopFlag:
-    """The actor's stop flag: setting it also wakes every thread waiting on ``condition``.
-
-    The main thread of a conventional run waits on the weights condition for the next round's
-    weights; a stop that only set a flag would leave it asleep until the launcher killed the process
-    after its grace period. Tying the two here wakes it whoever stops the actor, and however."""
-
-    def __init__(self, condition: threading.Condition) -> None:
-        self._event = threading.Event()
-        self._condition = condition
-
-    def set(self) -> None:
-        with self._condition:
-            self._event.set()
-            self._condition.notify_all()
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
 
 
 def rollout_sender(context: Any, config: PipelineConfig, actor_id: int, keys: CurveKeys) -> Sender:
@@ -265,7 +248,8 @@ class Actor:
         self.metrics = JsonlWriter(run_dir / f"actor{actor_id}.jsonl")
         self._last_report = (time.monotonic(), 0, 0.0)  # (when, tokens, idle seconds)
         self._report_lock = threading.Lock()  # async mode: the main thread loads, the weights thread refuses
-        self.buckets_refused = 0  # weight buckets whose bytes did not match the notice's digest
+        self.buckets_refused = 0  # weight buckets whose bytes did not match the trainer's digest
+        self.next_notice: Message | None = None  # came while the weights thread waited for digests
         self.refused_version = -1  # the newest update refused (a conventional round does not wait for it)
 
     # ----- weights: receiver thread -----
@@ -283,7 +267,7 @@ class Actor:
 
     def _receive_weights(self) -> None:
         while not self.stop.is_set():
-            notice = self.notices.recv(timeout_s=0.2)
+            notice, self.next_notice = self.next_notice or self.notices.recv(timeout_s=0.2), None
             if isinstance(notice, Shutdown):
                 logger.info("shutdown: %s", notice.reason)
                 self.stop.set()
@@ -301,20 +285,25 @@ class Actor:
                 elif self.workers_engine is not None:
                     self.receive_into_engine(self.workers_engine, notice)
 
+    def announced(self, notice: WeightUpdate) -> list[bytes] | None:
+        """The trainer's digests of ``notice``'s update, which follow its broadcast on the notice
+        socket; a notice that comes before them is handled next (``next_notice``)."""
+        digests, self.next_notice = announced_digests(self.notices, notice.policy_version)
+        return digests
+
     def receive_into_staging(self, weight_group: WeightGroup, notice: WeightUpdate) -> None:
         """transformers: this process receives the tensors from the weight group into ``staged``, every
-        bucket checked against the notice's digests; an update with a bucket refused stages nothing."""
+        bucket checked against the trainer's digests; an update with a bucket refused stages nothing."""
+        received = weight_group.receive_update(notice.parameter_shapes, notice.parameter_dtypes)
         try:
-            buffers = list(
-                weight_group.receive(notice.parameter_shapes, notice.parameter_dtypes, notice.bucket_digests)
-            )
+            received.check(self.announced(notice))
         except BucketsRefused as refused:
             self.refuse(notice, refused)
             return
         with self.staged.lock:
             self.staged.version = notice.policy_version
             self.staged.names = list(notice.parameter_names)
-            self.staged.tensors = buffers
+            self.staged.tensors = list(received.tensors())
         if loads_on_receipt(self.config.run.mode):
             self.apply_staged()
         with self.weights_ready:
@@ -328,21 +317,21 @@ class Actor:
         self.loaded(pause)
 
     def receive_into_engine(self, engine: WorkersEngine, notice: WeightUpdate) -> None:
-        """vllm: the engine's workers take the tensors from the weight group themselves, check every
-        bucket against the notice's digests and load or stage nothing of an update with one refused."""
-        tensors = (
-            list(notice.parameter_names),
-            notice.parameter_shapes,
-            notice.parameter_dtypes,
-            list(notice.bucket_digests),
-        )
+        """vllm: the engine's workers take the tensors from the weight group themselves; every bucket
+        is checked against the trainer's digests, and an update with one refused is neither staged
+        nor loaded (``checked_receive``)."""
+        update = (list(notice.parameter_names), notice.parameter_shapes, notice.parameter_dtypes)
+
+        def receive(workers: EngineWorkers) -> float:
+            return receive_checked(workers, *update, announced=lambda: self.announced(notice))
+
         try:
             if not loads_on_receipt(self.config.run.mode):  # staged in the workers, loaded on draining
                 # Receiving replaces the workers' staged tensors: it must not interleave with a load of
                 # the previous ones (apply_staged, under the same lock), or that load would take these
                 # tensors under the older version's label and leave nothing staged for this version.
                 with self.staged.lock:
-                    engine.receive_weights(*tensors)
+                    receive(engine.workers)
                     self.staged.version = notice.policy_version
                     self.staged.in_engine = True
                 logger.info(
@@ -352,7 +341,7 @@ class Actor:
             else:
                 with self.staged.lock:
                     pause = engine.update_weights(
-                        notice.policy_version, lambda workers: workers.receive_and_load(*tensors)
+                        notice.policy_version, lambda workers: (receive(workers), workers.load_received())
                     )
                     self.staged.version = notice.policy_version
                 self.loaded(pause)
@@ -363,7 +352,7 @@ class Actor:
             self.weights_ready.notify_all()
 
     def refuse(self, notice: WeightUpdate, refused: BucketsRefused) -> None:
-        """An update whose buckets ``refused`` did not match its digests: none of it was staged or
+        """An update whose buckets ``refused`` did not match the trainer's digests: none of it was staged or
         loaded. Count, warn, record, and wake a conventional round waiting for it."""
         self.buckets_refused += len(refused.buckets)
         self.refused_version = max(self.refused_version, notice.policy_version)

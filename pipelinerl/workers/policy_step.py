@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from pipelinerl.platform.wire import TrainSequence
-from pipelinerl.rl import pad_micro_batch, ppo_clip_loss, truncated_is_loss
+from pipelinerl.rl.loss import ppo_clip_loss, truncated_is_loss
+from pipelinerl.rl.padding import pad_micro_batch
 
 PAD_TOKEN_ID = 0  # any valid id: padded positions are masked out of attention and loss
 

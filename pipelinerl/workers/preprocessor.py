@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
+import numpy as np
 import zmq
 
 from pipelinerl.platform.checkpoint import starting_version
@@ -55,7 +55,8 @@ from pipelinerl.platform.wire import (
     WeightUpdate,
     impossible_values,
 )
-from pipelinerl.rl import leave_one_out_advantages, pack_micro_batches
+from pipelinerl.rl.advantages import leave_one_out_advantages
+from pipelinerl.rl.packing import pack_micro_batches
 from pipelinerl.tasks import build_task
 from pipelinerl.tasks.base import LABELS, Problem, Score, Task, safe_score
 from pipelinerl.tasks.eval_sets import EvalSet, build_eval_sets
@@ -222,7 +223,7 @@ class BatchBuilder:
             self.dropped["zero_variance"] += len(group)  # equal rewards: zero advantages, no signal
             return []
         advantages = leave_one_out_advantages(
-            torch.tensor([rewards], dtype=torch.float32), normalize_std=self.normalize_advantages
+            np.array([rewards], dtype=np.float32), normalize_std=self.normalize_advantages
         )[0].tolist()
         advantages = [
             self.rewards.advantage(advantage, r.finished)
@@ -563,7 +564,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s preprocessor %(levelname)s %(message)s")
     config = PipelineConfig.model_validate_json((args.run_dir / "config.json").read_text())
-    torch.set_num_threads(1)
     run(config, args.run_dir)
 
 

@@ -2,7 +2,8 @@
 
 Loop (paper §3): take the next batch of B sequences from the preprocessor, compute the RL loss
 (``rl/``) over its micro-batches, one optimizer step, policy version +1, then publish the new
-weights: a ``WeightUpdate`` notice over ZeroMQ PUB, then the tensors in buckets over the weight group.
+weights: a ``WeightUpdate`` notice over ZeroMQ PUB, the tensors in buckets over the weight group, then
+``WeightDigests`` (every bucket's digest) over ZeroMQ PUB.
 In ``conventional`` mode weights are published only every G steps (after a whole round).
 
 Every step appends one JSON record to ``metrics.jsonl`` (loss, reward, ESS, lag statistics, the
@@ -50,9 +51,10 @@ from pipelinerl.platform.stores import init_trainer_group
 from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.transport import Receiver, Sender, run_keys
 from pipelinerl.platform.weights import MIB, WeightGroup, weight_backend
-from pipelinerl.platform.wire import Shutdown, TrainBatch, WeightUpdate, impossible_values
-from pipelinerl.rl import behaviour_mismatch, lag_statistics, token_lags
+from pipelinerl.platform.wire import Shutdown, TrainBatch, WeightDigests, WeightUpdate, impossible_values
 from pipelinerl.rl.ess import effective_sample_size_from_log_weights
+from pipelinerl.rl.lag import lag_statistics, token_lags
+from pipelinerl.rl.mismatch import behaviour_mismatch
 from pipelinerl.workers.deepspeed_import import import_deepspeed
 from pipelinerl.workers.engines.lm_head import float32_lm_head
 from pipelinerl.workers.policy_step import concat_records, micro_batch_loss
@@ -493,9 +495,10 @@ class Trainer:
     def _publish(self) -> float:
         """Notice + broadcast of the current weights to every actor; returns seconds taken.
 
-        Every rank enters the ZeRO-3 gather (a collective); only rank 0 talks to the actors. The notice
-        carries the digest of every bucket the broadcast will carry (``WeightGroup.digests``), hashed
-        before the notice goes out: the actors load nothing that does not match it.
+        Every rank enters the ZeRO-3 gather (a collective); only rank 0 talks to the actors. After the
+        broadcast, ``WeightDigests`` carries the digest of every bucket it carried (hashed while it was
+        broadcast: ``WeightGroup.send``) over the authenticated channel: the actors load nothing that
+        does not match it.
         """
         named = self._parameters()
         params = [param for _, param in named]
@@ -504,7 +507,6 @@ class Trainer:
             if self.weight_group is None or self.notices is None:
                 return 0.0
             tensors = [param.detach() for param in params]
-            digests = self.weight_group.digests(tensors)
             # Every actor must hear of the update before the broadcast that waits for all of them:
             # on a slow link a subscription can arrive after a first notice, which a PUB drops.
             subscribers = self.config.actor.num_actors + 1  # the actors and the preprocessor
@@ -525,23 +527,24 @@ class Trainer:
                     parameter_dtypes=[dtype_name(t) for t in tensors],
                     samples_trained=self.samples_trained,
                     created_at=time.time(),
-                    bucket_bytes=self.weight_group.terms.bucket_bytes,
-                    bucket_digests=digests,
                 )
             )
-            self.weight_group.send(tensors)
+            digests = self.weight_group.send(tensors)
+            self.notices.send(WeightDigests(policy_version=self.policy_version, bucket_digests=digests))
         return time.perf_counter() - started
 
     def _finish(self) -> None:
         # A complete Hugging Face directory: the policy and the tokenizer it was trained with.
         self.save_checkpoint(self.run_dir / "final")
+        # The marker before the Shutdown it announces: a stage may exit the moment Shutdown reaches
+        # it, and the launcher takes a clean exit before any marker for a stage that died.
+        (self.run_dir / f"trainer{self.rank}.done").write_text(
+            json.dumps({"policy_version": self.policy_version})
+        )
         if self.notices is not None:
             for _ in range(3):  # PUB/SUB may drop one; actors treat repeats as one
                 self.notices.send(Shutdown(reason=f"trainer finished at version {self.policy_version}"))
                 time.sleep(0.05)
-        (self.run_dir / f"trainer{self.rank}.done").write_text(
-            json.dumps({"policy_version": self.policy_version})
-        )
         self.batches.close()
         if self.notices is not None:
             self.notices.close()

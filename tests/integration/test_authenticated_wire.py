@@ -116,9 +116,13 @@ def test_messages_a_key_holder_takes_from_an_actor_are_all_counted_as_lost_from_
     thief_address = thief.getsockopt_string(zmq.LAST_ENDPOINT)
     preprocessor = rollout_receiver(context, config, keys)
     actor = rollout_sender(context, config, 0, keys)
+    handshakes = thief.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
     try:
         actor.socket.connect(thief_address)
-        messages = rollouts(60)
+        # The PUSH deals to a peer only once its handshake is done: wait for the thief's (on a loaded
+        # machine the 40 messages below could otherwise all be dealt before it).
+        assert handshakes.poll(30_000), "the actor's socket never finished its handshake with the thief"
+        messages = rollouts(400)
         received: list[Rollout] = []
         taken = sent = 0
 
@@ -137,14 +141,18 @@ def test_messages_a_key_holder_takes_from_an_actor_are_all_counted_as_lost_from_
             assert actor.send(message, timeout_s=30)
             sent += 1
         arrivals()
-        # A loss shows as a gap once a later message arrives: send on until one reaches the preprocessor.
-        while not received or received[-1].rollout_id != messages[sent - 1].rollout_id:
+        # A loss shows as a gap once a later message arrives: send on until the thief has taken one (the
+        # client's side of its handshake may end a little after the thief's) and one reaches the stage.
+        while taken == 0 or not received or received[-1].rollout_id != messages[sent - 1].rollout_id:
+            assert sent < len(messages), f"{sent} messages sent: the thief took {taken}"
             assert actor.send(messages[sent], timeout_s=30)
             sent += 1
             arrivals()
     finally:
         actor.close()
         preprocessor.close()
+        thief.disable_monitor()
+        handshakes.close(linger=0)
         thief.close(linger=0)
         release_authentication(context)
     assert taken >= 1, "the PUSH dealt the second peer nothing"

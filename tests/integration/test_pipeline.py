@@ -44,7 +44,7 @@ from pipelinerl.platform.tracking import metric_registry as metric
 from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
 from pipelinerl.platform.transport import Receiver, Sender
 from pipelinerl.platform.weights import WeightGroup
-from pipelinerl.platform.wire import Rollout, Shutdown, WeightUpdate
+from pipelinerl.platform.wire import Rollout, Shutdown, WeightDigests, WeightUpdate
 from pipelinerl.workers.actor import Actor
 from tests.conftest import non_loopback_ipv4, wait_until, worker_port
 from tests.integration.test_behaviour_mismatch import check_behaviour_mismatch
@@ -341,11 +341,10 @@ def test_actor_skips_malformed_weight_notices_and_still_updates(tmp_path, random
                 parameter_dtypes=[dtype_name(t) for t in tensors],
                 samples_trained=0,
                 created_at=time.time(),
-                bucket_bytes=group.terms.bucket_bytes,  # the digest of every bucket (weight_digest)
-                bucket_digests=group.digests(tensors),
             )
         )
-        group.send(tensors)
+        # As the trainer does: the digest of every bucket, after the broadcast (weight_digest).
+        notices.send(WeightDigests(policy_version=1, bucket_digests=group.send(tensors)))
 
         def newest_version_written() -> int | None:
             rollout = rollouts.recv(timeout_s=5)

@@ -136,8 +136,8 @@ class Driver:
     def update(
         self, version: int, model: torch.nn.Module, straddling: int = 0, tampered: int | None = None
     ) -> dict[str, Any]:
-        """In-flight update to ``model``'s weights: the notice with every bucket's digest, then the
-        broadcast, as the trainer does.
+        """In-flight update to ``model``'s weights: the notice, the broadcast, then every bucket's
+        digest, as the trainer does.
 
         ``straddling > 0``: the engine loads the update only in a pause where at least that many
         sequences are being written and have tokens already, so they are certain to straddle it.
@@ -152,7 +152,6 @@ class Driver:
             "names": [name for name, _ in named],
             "shapes": [list(t.shape) for t in tensors],
             "dtypes": [dtype_name(t) for t in tensors],
-            "digests": [digest.hex() for digest in self.group.digests(tensors)],
         }
         if straddling:
             command["when_in_flight"] = {
@@ -164,10 +163,13 @@ class Driver:
             }
         self.send(command)
         self.group.tampered = tampered
+        started = time.perf_counter()
         try:
-            broadcast_s = self.group.send(tensors)
+            digests = self.group.send(tensors)
         finally:
             self.group.tampered = None
+        broadcast_s = time.perf_counter() - started
+        self.send({"digests": [digest.hex() for digest in digests]})
         answer = self.answer()
         if "refused" in answer:
             print(f"update v{version}: buckets {answer['refused']} refused ({answer['reason']})")
@@ -485,7 +487,7 @@ def test_gpu_weight_group_and_tensor_parallel_engine(backend, tensor_parallel_si
                 "dtypes": [dtype_name(t) for t in tensors],
             }
         )
-        groups["group"].send(tensors)
+        driver.send({"digests": [digest.hex() for digest in groups["group"].send(tensors)]})
         driver.answer()
         sequences = driver.collect(len(prompts))
         assert sorted(s["request_id"] for s in sequences) == sorted(prompts)

@@ -1,7 +1,7 @@
-"""Digests over real gloo weight groups, members on threads: a bucket injected into the broadcast
-(bytes other than those the trainer hashed for its notice) is refused, nothing of it is handed out
-or loaded into the actor's model, and every broadcast of the update still completes. (The same
-between two processes: ``test_weight_group``.)"""
+"""Digests over real gloo weight groups, members on threads, and the trainer's digests over a real
+ZeroMQ notice socket: a bucket injected into the broadcast (bytes other than those the trainer
+hashed) is refused, nothing of its update is handed out or loaded into the actor's model, and every
+broadcast of the update still completes. (The same between two processes: ``test_weight_group``.)"""
 
 from __future__ import annotations
 
@@ -9,18 +9,24 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import torch
+import zmq
 
 from pipelinerl.platform.dtypes import dtype_name
 from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.tracking import metric_registry as registry
-from pipelinerl.platform.weights import BucketsRefused, WeightGroup
-from pipelinerl.platform.wire import WeightUpdate
+from pipelinerl.platform.transport import Receiver, Sender
+from pipelinerl.platform.weight_digest import bucket_digest
+from pipelinerl.platform.weights import BucketsRefused, ReceivedUpdate, WeightGroup
+from pipelinerl.platform.wire import WeightDigests, WeightUpdate
 from pipelinerl.workers.actor import Actor
+from pipelinerl.workers.checked_receive import announced_digests
 from pipelinerl.workers.staged_weights import StagedWeights
 from tests.conftest import worker_port
 from tests.integration.test_weight_group import BUCKET_BYTES, InjectingGroup, digested_update
@@ -45,44 +51,63 @@ def receive_in_thread(target: Any, *args: Any) -> threading.Thread:
     return thread
 
 
-def test_a_streaming_consumer_gets_nothing_of_the_refused_bucket_or_after_it() -> None:
+def test_a_received_update_is_refused_at_the_altered_bucket_and_only_there() -> None:
     leader, member = form(worker_port(PORT + 1), BUCKET_BYTES)
     tensors = digested_update(1.0)
     shapes, dtypes = [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors]
-    handed_out: list[torch.Tensor] = []
-    errors: list[BaseException] = []
-
-    def consume() -> None:
-        try:
-            for tensor in member.receive(shapes, dtypes, leader.digests(tensors)):
-                handed_out.append(tensor.clone())
-        except BucketsRefused as refused:
-            errors.append(refused)
-
-    thread = receive_in_thread(consume)
+    received: list[ReceivedUpdate] = []
+    thread = receive_in_thread(lambda: received.append(member.receive_update(shapes, dtypes)))
     leader.tampered = 1
-    leader.send(tensors)
+    announced = leader.send(tensors)  # the digests of what the trainer meant to send
     thread.join(timeout=30)
-    assert [error.buckets for error in errors if isinstance(error, BucketsRefused)] == [[1]]
-    assert len(handed_out) == 1 and torch.equal(handed_out[0], tensors[0])  # bucket 0 only
+    assert announced == [bucket_digest([tensor]) for tensor in tensors]  # one tensor a bucket here
+    with pytest.raises(BucketsRefused) as refused:
+        received[0].check(announced)
+    assert refused.value.buckets == [1]
+    assert [a == b for a, b in zip(received[0].digests, announced, strict=True)] == [True, False, True, True]
 
 
-def test_digests_that_are_not_one_per_bucket_refuse_every_bucket_yet_take_part() -> None:
+def test_digests_that_are_not_one_per_bucket_refuse_every_bucket_yet_the_member_takes_part() -> None:
     leader, member = form(worker_port(PORT + 2), BUCKET_BYTES)
     tensors = digested_update(1.0)
     shapes, dtypes = [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors]
-    errors: list[BucketsRefused] = []
-
-    def consume() -> None:
-        try:
-            list(member.receive(shapes, dtypes, leader.digests(tensors)[:3]))
-        except BucketsRefused as refused:
-            errors.append(refused)
-
-    thread = receive_in_thread(consume)
-    leader.send(tensors)
+    received: list[ReceivedUpdate] = []
+    thread = receive_in_thread(lambda: received.append(member.receive_update(shapes, dtypes)))
+    announced = leader.send(tensors)
     thread.join(timeout=30)
-    assert errors and errors[0].buckets == [0, 1, 2, 3] and "3 digests for 4 buckets" in errors[0].reason
+    assert received, "the member took part in every broadcast"
+    with pytest.raises(BucketsRefused) as refused:
+        received[0].check(announced[:3])
+    assert refused.value.buckets == [0, 1, 2, 3] and "3 digests came for 4 buckets" in refused.value.reason
+
+
+# ----- the trainer's digests on the notice socket -----
+
+
+@pytest.fixture
+def notice_pair() -> Iterator[tuple[Sender, Receiver]]:
+    context = zmq.Context()
+    with (
+        Sender(context, "tcp://127.0.0.1:*", "xpub", bind=True) as publisher,
+        Receiver(context, publisher.address, "sub", bind=False) as subscriber,
+    ):
+        assert publisher.wait_for_subscribers(1, 30)
+        yield publisher, subscriber
+    context.term()
+
+
+def test_the_digests_of_the_version_received_are_read_and_a_notice_before_them_is_kept(notice_pair) -> None:
+    publisher, subscriber = notice_pair
+    digests = [bucket_digest([torch.ones(3)])]
+    publisher.send(WeightDigests(policy_version=1, bucket_digests=[bytes(32)]))  # a stale repeat: skipped
+    publisher.send(WeightDigests(policy_version=2, bucket_digests=digests))
+    assert announced_digests(subscriber, 2, wait_s=30) == (digests, None)
+    following = notice_for(3, digested_update(1.0))
+    publisher.send(following)  # v2's digests were lost: the next notice comes first
+    assert announced_digests(subscriber, 2, wait_s=30) == (None, following)
+    started = time.monotonic()
+    assert announced_digests(subscriber, 3, wait_s=0.5) == (None, None)  # nothing comes at all
+    assert time.monotonic() - started < 5
 
 
 # ----- the actor: refused, counted, nothing loaded, then caught up -----
@@ -112,15 +137,17 @@ class StubEngine:
         return 0.001
 
 
-def bare_actor(run_dir: Path) -> Actor:
-    """An actor with only what receiving and loading an update touch (no model files, no sockets)."""
+def bare_actor(run_dir: Path, notices: Receiver) -> Actor:
+    """An actor with only what receiving and loading an update touch (no model files, no rollout
+    socket): its notice socket is ``notices``."""
     actor = Actor.__new__(Actor)
     actor.config = SimpleNamespace(run=SimpleNamespace(mode="pipeline"))  # type: ignore[assignment]
     actor.actor_id = 0
     actor.engine = StubEngine()  # type: ignore[assignment]
     actor.staged = StagedWeights()
     actor.weights_ready = threading.Condition()
-    actor.notices = SimpleNamespace(malformed_count=0, lost_count=0)  # type: ignore[assignment]
+    actor.notices = notices
+    actor.next_notice = None
     actor.metrics = JsonlWriter(run_dir / "actor0.jsonl")
     actor.pauses_s, actor.tokens_generated, actor.idle_s, actor.idle_started = [], 0, 0.0, None
     actor._last_report = (time.monotonic(), 0, 0.0)
@@ -129,25 +156,29 @@ def bare_actor(run_dir: Path) -> Actor:
     return actor
 
 
-def test_the_actor_refuses_a_tampered_update_whole_counts_it_and_loads_the_next(tmp_path, caplog) -> None:
+def notice_for(version: int, tensors: list[torch.Tensor]) -> WeightUpdate:
+    return WeightUpdate(
+        policy_version=version,
+        parameter_names=["a", "b", "c", "d"],
+        parameter_shapes=[list(t.shape) for t in tensors],
+        parameter_dtypes=[dtype_name(t) for t in tensors],
+        samples_trained=0,
+        created_at=0.0,
+    )
+
+
+def test_the_actor_refuses_a_tampered_update_whole_counts_it_and_loads_the_next(
+    tmp_path, caplog, notice_pair
+) -> None:
+    publisher, subscriber = notice_pair
     leader, member = form(worker_port(PORT + 3), BUCKET_BYTES)
-    actor = bare_actor(tmp_path)
-    names = ["a", "b", "c", "d"]
+    actor = bare_actor(tmp_path, subscriber)
 
     def publish(version: int, tensors: list[torch.Tensor], tampered: int | None) -> None:
-        notice = WeightUpdate(
-            policy_version=version,
-            parameter_names=names,
-            parameter_shapes=[list(t.shape) for t in tensors],
-            parameter_dtypes=[dtype_name(t) for t in tensors],
-            samples_trained=0,
-            created_at=0.0,
-            bucket_bytes=BUCKET_BYTES,
-            bucket_digests=leader.digests(tensors),
-        )
-        thread = receive_in_thread(actor.receive_into_staging, member, notice)
+        thread = receive_in_thread(actor.receive_into_staging, member, notice_for(version, tensors))
         leader.tampered = tampered
-        leader.send(tensors)  # completes: the actor took part in every broadcast
+        digests = leader.send(tensors)  # completes: the actor took part in every broadcast
+        publisher.send(WeightDigests(policy_version=version, bucket_digests=digests))  # as the trainer
         thread.join(timeout=30)
         assert not thread.is_alive()
 
@@ -169,8 +200,8 @@ def test_the_actor_refuses_a_tampered_update_whole_counts_it_and_loads_the_next(
     assert registry.UPDATE_PAUSE_MS not in records[0] and registry.UPDATE_PAUSE_MS in records[1]
 
 
-def test_a_conventional_round_waiting_for_a_refused_version_goes_on(tmp_path) -> None:
-    actor = bare_actor(tmp_path)
+def test_a_conventional_round_waiting_for_a_refused_version_goes_on(tmp_path, notice_pair) -> None:
+    actor = bare_actor(tmp_path, notice_pair[1])
     actor.stop = SimpleNamespace(is_set=lambda: False)  # type: ignore[assignment]
     actor.refused_version = 3
     started = time.monotonic()

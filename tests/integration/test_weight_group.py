@@ -186,15 +186,15 @@ def test_gpu_members_receive_every_tensor_exactly(backend, gpus):
 
 class InjectingGroup(WeightGroup):
     """Trainer rank 0 whose broadcast number ``tampered`` of an update (0, 1, ...; the bucket of that
-    number where no bucket is empty) carries other bytes than those it hashed for the notice: what a
-    stranger injecting into the unauthenticated collective achieves. Only ``_broadcast`` differs."""
+    number where no bucket is empty) carries other bytes than those it hashed for its digests: what
+    a stranger injecting into the unauthenticated collective achieves. Only ``_broadcast`` differs."""
 
     tampered: int | None = None
     broadcasts = 0
 
-    def send(self, tensors: Sequence[torch.Tensor]) -> float:
+    def send(self, tensors: Sequence[torch.Tensor], *, hashed: bool = True) -> list[bytes]:
         self.broadcasts = 0
-        return super().send(tensors)
+        return super().send(tensors, hashed=hashed)
 
     def _broadcast(self, flat: torch.Tensor) -> None:
         if self.broadcasts == self.tampered:
@@ -215,16 +215,20 @@ def digested_update(scale: float) -> list[torch.Tensor]:
     ]
 
 
-def _digest_member(port: int, shapes: list, dtypes: list, notices: Any, out: Any) -> None:
+def _digest_member(port: int, shapes: list, dtypes: list, notices: Any, out: Any, read: Any) -> None:
     """A member process: receive each update as an actor stages it (all of it, or nothing), checked
-    against the digests of its notice (``notices``: as the actor's notice socket hands them over)."""
+    against the trainer's digests (``notices``: as the actor's notice socket hands them over, after
+    the broadcast)."""
     group = WeightGroup.join("127.0.0.1", port, 1, 2, timeout_s=60)
     for _ in range(2):
-        expected = notices.get(timeout=60)
+        update = group.receive_update(shapes, dtypes)
         try:
-            out.put(("received", [t.clone() for t in group.receive(shapes, dtypes, expected)]))
+            update.check(notices.get(timeout=60))
+            out.put(("received", [t.clone() for t in update.tensors()]))
         except BucketsRefused as refused:
             out.put(("refused", refused.buckets))
+    # Tensors cross the queue by file descriptor, served by this process: stay until they are read.
+    read.wait(timeout=60)
 
 
 def test_a_member_process_refuses_an_injected_bucket_and_the_next_update_arrives_whole() -> None:
@@ -232,26 +236,28 @@ def test_a_member_process_refuses_an_injected_bucket_and_the_next_update_arrives
     tampered, clean = digested_update(1.0), digested_update(-2.0)
     shapes, dtypes = [list(t.shape) for t in tampered], [dtype_name(t) for t in tampered]
     context = multiprocessing.get_context("spawn")
-    notices, out = context.Queue(), context.Queue()
-    member = context.Process(target=_digest_member, args=(port, shapes, dtypes, notices, out), daemon=True)
+    notices, out, read = context.Queue(), context.Queue(), context.Event()
+    member = context.Process(
+        target=_digest_member, args=(port, shapes, dtypes, notices, out, read), daemon=True
+    )
     member.start()
     try:
         leader = InjectingGroup.lead("127.0.0.1", port, 2, bucket_bytes=BUCKET_BYTES, timeout_s=60)
         assert len(leader.plan(tampered)) == 4
         started = time.monotonic()
-        # As the trainer does: the digests of what it will send, announced before it sends.
-        notices.put(leader.digests(tampered))
+        # As the trainer does: the digests of what it sent, announced after the broadcast.
         leader.tampered = 2  # the bfloat16 bucket
-        leader.send(tampered)  # returns: the member took part in every broadcast
-        notices.put(leader.digests(clean))
+        notices.put(leader.send(tampered))  # returns: the member took part in every broadcast
         leader.tampered = None
-        leader.send(clean)
+        notices.put(leader.send(clean))
         assert time.monotonic() - started < 30
         assert out.get(timeout=30) == ("refused", [2])
         kind, received = out.get(timeout=30)
+        read.set()
         assert kind == "received"
         assert all(torch.equal(a, b) for a, b in zip(clean, received, strict=True))
     finally:
+        read.set()
         member.join(timeout=30)
         if member.is_alive():
             member.kill()

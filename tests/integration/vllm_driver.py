@@ -6,8 +6,9 @@ stdout; everything vLLM prints (its logger writes to stdout, in every process it
 stderr instead, so it cannot interleave with the answers.
 
 Commands: ``start`` (engine keyword arguments and the weight group), ``submit`` (request id ->
-prompt ids), ``update`` (version, the tensors' names, shapes and dtypes, and each bucket's digest in
-hex; the test broadcasts the tensors meanwhile as trainer rank 0; optionally only once sequences
+prompt ids), ``update`` (version, the tensors' names, shapes and dtypes; the test broadcasts the
+tensors meanwhile as trainer rank 0, then sends one more line, ``{"digests": [hex, ...]}``, the
+trainer's digest of every bucket, as the trainer's ``WeightDigests``; optionally only once sequences
 are known to be in flight; a refused update answers ``refused``, the buckets, and ``reason``),
 ``collect`` (wait for n finished sequences), ``set``
 (``kv_cache_on_update``), ``status`` (policy version, requests in flight), ``close``.
@@ -24,6 +25,7 @@ import traceback
 from typing import Any
 
 from pipelinerl.platform.weights import BucketsRefused
+from pipelinerl.workers.checked_receive import receive_checked
 from pipelinerl.workers.engines.vllm_engine import VLLMEngine, WeightGroupAddress
 
 
@@ -90,8 +92,10 @@ def update(engine: Any, command: dict[str, Any]) -> dict[str, Any]:
     The condition is checked inside the pause (nothing moves there); until it holds, each pause ends
     without loading, and the trainer's broadcast simply waits for the one that loads.
     """
-    digests = [bytes.fromhex(digest) for digest in command["digests"]] if "digests" in command else None
-    tensors = (command["names"], command["shapes"], command["dtypes"], digests)
+    tensors = (command["names"], command["shapes"], command["dtypes"])
+
+    def announced() -> list[bytes]:  # the trainer's digests, the line after the broadcast
+        return [bytes.fromhex(digest) for digest in json.loads(sys.stdin.readline())["digests"]]
     when = command.get("when_in_flight")
     load_s: list[float] = []
     straddling: list[str] = []
@@ -106,7 +110,8 @@ def update(engine: Any, command: dict[str, Any]) -> dict[str, Any]:
             ]
             if len(straddling) < when["sequences"]:
                 raise NotYet
-        load_s.append(workers.receive_and_load(*tensors))
+        received_s = receive_checked(workers, *tensors, announced=announced)
+        load_s.append(received_s + workers.load_received())
 
     deadline = time.monotonic() + (when or {}).get("timeout_s", 0)
     while True:

@@ -297,7 +297,7 @@ _STAGE_METRICS: tuple[Metric, ...] = (
     Metric(ACTOR_NOTICES_LOST, "actor", "count", "weight-update notices numbered but never received",
            records=_ACTOR, mlflow=True, actors="sum"),
     Metric(ACTOR_WEIGHT_BUCKETS_REFUSED, "actor", "count", "weight buckets refused so far: their bytes "
-           "did not match the notice's digest (the update was not loaded)", records=_ACTOR, mlflow=True,
+           "did not match the trainer's digest (the update was not loaded)", records=_ACTOR, mlflow=True,
            actors="sum"),
     Metric(QUEUE_ROLLOUTS, "preprocessor", "rollouts", "rollouts waiting to be batched",
            records=_PRE, mlflow=True),

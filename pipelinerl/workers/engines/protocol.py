@@ -51,24 +51,29 @@ class VersionSwitches:
         return stamped
 
 
+@dataclass(frozen=True)
+class WorkersReceipt:
+    """What an engine's workers answer for an update they received (``EngineWorkers.receive``)."""
+
+    seconds: float  # the slowest worker's
+    digests: list[list[bytes]]  # each worker's digest of every bucket it received
+
+
 class EngineWorkers(Protocol):
     """What holds the weights of an engine whose model lives in other processes (vLLM's workers):
-    the workers take the tensors from the weight group themselves. Each call returns the seconds the
-    slowest worker took."""
+    the workers take the tensors from the weight group themselves."""
 
-    def receive_and_load(
-        self,
-        names: list[str],
-        shapes: list[list[int]],
-        dtypes: list[str],
-        digests: list[bytes] | None = None,
-    ) -> float:
-        """Receive one update over the weight group and load it, each bucket checked against ``digests``
-        (the notice's; None: unchecked)."""
+    def receive(self, names: list[str], shapes: list[list[int]], dtypes: list[str]) -> WorkersReceipt:
+        """Every worker receives one update whole and hashes every bucket; nothing is staged until
+        ``keep_received`` (``checked_receive``: the digests are compared with the trainer's first)."""
+        ...
+
+    def keep_received(self, keep: bool) -> None:
+        """Stage the update just received (``keep``) or drop it; an earlier staged update stays then."""
         ...
 
     def load_received(self) -> float:
-        """Load the update received earlier (``WorkersEngine.receive_weights``)."""
+        """Load the update received and kept earlier."""
         ...
 
 
@@ -105,13 +110,11 @@ class WorkersEngine(Engine[EngineWorkers], Protocol):
     """An engine whose workers are the weight-group members (vLLM): they can also receive an update
     into staging buffers without loading it (the actor's async mode loads it when it drains)."""
 
-    def receive_weights(
-        self,
-        names: list[str],
-        shapes: list[list[int]],
-        dtypes: list[str],
-        digests: list[bytes] | None = None,
-    ) -> float: ...
+    @property
+    def workers(self) -> EngineWorkers:
+        """The workers, also reached without a pause: receiving into staging that way (the actor's
+        async mode) stalls generation, between two engine steps, only while the tensors arrive."""
+        ...
 
 
 def iter_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

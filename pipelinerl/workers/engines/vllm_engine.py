@@ -17,7 +17,8 @@ In-flight update (paper §3), one call of ``update_weights``:
    or, with ``"recompute"``, the cache is cleared (``clear_cache=True``): every running request is
    preempted and its prefix is recomputed under the new weights when generation resumes;
 2. ``load(workers)``: the worker extension (``vllm_extension.py``) receives the tensors over the
-   weight group and loads them in one ``reload_weights`` call;
+   weight group, the actor checks their digests against the trainer's (``checked_receive``), and
+   the workers load them in one ``reload_weights`` call;
 3. the version stamp (below); on releases that have it, ``update_weight_version(str(version))``
    too, which labels vLLM's own output (a cross-check only);
 4. ``resume_generation()``.
@@ -54,8 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pipelinerl.platform.weights import BucketsRefused
-from pipelinerl.workers.engines.protocol import CompletedSequence, VersionSwitches
+from pipelinerl.workers.engines.protocol import CompletedSequence, VersionSwitches, WorkersReceipt
 from pipelinerl.workers.engines.vllm_extension import EXTENSION
 
 logger = logging.getLogger(__name__)
@@ -123,17 +123,18 @@ class VLLMWorkers:
     def __init__(self, engine: VLLMEngine) -> None:
         self._engine = engine
 
-    def receive_and_load(
-        self,
-        names: list[str],
-        shapes: list[list[int]],
-        dtypes: list[str],
-        digests: list[bytes] | None = None,
-    ) -> float:
-        """Receive one update over the weight group and load it (one ``reload_weights`` call); with
-        ``digests`` (the notice's), every bucket is checked before any is loaded, and a refused update
-        loads nothing and raises ``BucketsRefused``."""
-        return slowest(self._engine.rpc("pipelinerl_receive_and_load", names, shapes, dtypes, digests))
+    def receive(self, names: list[str], shapes: list[list[int]], dtypes: list[str]) -> WorkersReceipt:
+        """Every worker receives one update whole into a pending slot and hashes every bucket
+        (``vllm_extension.pipelinerl_receive``); nothing is staged before ``keep_received``."""
+        answers = self._engine.rpc("pipelinerl_receive", names, shapes, dtypes)
+        return WorkersReceipt(
+            seconds=max(answer["seconds"] for answer in answers),
+            digests=[[bytes.fromhex(digest) for digest in answer["digests"]] for answer in answers],
+        )
+
+    def keep_received(self, keep: bool) -> None:
+        """Stage the update just received (its digests matched the trainer's) or drop it."""
+        self._engine.rpc("pipelinerl_keep_received", keep)
 
     def tokens_in_flight(self) -> dict[str, tuple[int, int]]:
         """``request id -> (output tokens so far, last token)`` in the engine's batch (first worker's
@@ -142,7 +143,7 @@ class VLLMWorkers:
         return {request_id: (count, last) for request_id, (count, last) in first.items()}
 
     def load_received(self) -> float:
-        """Load the update staged earlier by ``VLLMEngine.receive_weights``."""
+        """Load the update received and kept earlier (one ``reload_weights`` call per worker)."""
         return max(self._engine.rpc("pipelinerl_load_received"))
 
 
@@ -364,21 +365,6 @@ class VLLMEngine:
 
     # ----- weights -----
 
-    def receive_weights(
-        self,
-        names: list[str],
-        shapes: list[list[int]],
-        dtypes: list[str],
-        digests: list[bytes] | None = None,
-    ) -> float:
-        """Receive an update into the workers' staging buffers, to load later with
-        ``update_weights(version, lambda workers: workers.load_received())`` (the actor's async mode);
-        each bucket checked against ``digests`` (the notice's).
-
-        The call runs between two engine steps: generation stalls while the tensors arrive.
-        """
-        return slowest(self.rpc("pipelinerl_receive", names, shapes, dtypes, digests))
-
     @contextmanager
     def paused(self) -> Iterator[VLLMWorkers]:
         """Hold generation between two engine steps (cache kept or cleared per ``kv_cache_on_update``)."""
@@ -444,15 +430,6 @@ class VLLMEngine:
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
-
-
-def slowest(answers: list[dict[str, Any]]) -> float:
-    """The slowest worker's seconds for an update every worker received (``vllm_extension.received``);
-    ``BucketsRefused`` if any worker refused a bucket (each checks the same bytes: they agree)."""
-    for answer in answers:
-        if answer["refused"]:
-            raise BucketsRefused(answer["refused"], answer["reason"])
-    return max(answer["seconds"] for answer in answers)
 
 
 def _given_id(internal: str, given: dict[str, Any]) -> str:

@@ -17,13 +17,12 @@ Invariants, each learnt the hard way on vLLM 0.32 (``ENVIRONMENT.md``):
   (log-probs off by about 1 on the test models, no error).
 * Tensors arrive through the process group, never as ``collective_rpc`` arguments (those are
   serialised into lists).
-* An update whose notice carries digests is received whole and checked before any of it is loaded
-  (``WeightGroup.receive``): streamed into ``reload_weights``, the buckets before a refused one would
-  already be in the model, which would then hold neither version. The price is one update's worth of
-  receive buffers while it loads (streaming holds one bucket); updates without digests (tests,
-  benchmarks) still stream. A refused update loads nothing and is answered, not raised: an exception
-  crosses ``collective_rpc`` as text, so each call returns ``received``'s mapping (seconds, refused
-  buckets, reason) and the actor's side raises ``BucketsRefused`` from it (``vllm_engine``).
+* An update is received whole and hashed before any of it is loaded (``WeightGroup.receive_update``):
+  streamed into ``reload_weights``, the buckets before an altered one would already be in the model,
+  which would then hold neither version. The worker answers its digests; the actor, which holds the
+  authenticated channel the trainer's digests come over, compares them and tells the worker to keep
+  the update (staged, loaded by ``pipelinerl_load_received``) or to drop it (``checked_receive``).
+  The price is one update's worth of receive buffers while it loads (streaming held one bucket).
 * Method names carry a ``pipelinerl_`` prefix: vLLM refuses an extension whose names already exist
   on the worker (``update_weights``, ``reload_weights``, ... are taken).
 
@@ -33,12 +32,11 @@ Runs inside ``.venv-vllm``: imports only torch, vLLM and ``pipelinerl.platform.w
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from pipelinerl.platform.weights import BucketsRefused, WeightGroup
+from pipelinerl.platform.weights import ReceivedUpdate, WeightGroup
 
 EXTENSION = "pipelinerl.workers.engines.vllm_extension.WeightGroupExtension"
 
@@ -47,6 +45,7 @@ class WeightGroupExtension:
     """Methods added to every vLLM worker; ``self`` is the worker (``reload_weights``, ``device``)."""
 
     _pipelinerl_group: Any = None
+    _pipelinerl_pending: tuple[list[str], ReceivedUpdate] | None = None
     _pipelinerl_staged: list[tuple[str, torch.Tensor]] | None = None
 
     def pipelinerl_join_weight_group(
@@ -68,48 +67,29 @@ class WeightGroupExtension:
         )
         return rank
 
-    def pipelinerl_receive_and_load(
-        self,
-        names: list[str],
-        shapes: list[list[int]],
-        dtypes: list[str],
-        digests: list[bytes] | None = None,
-    ) -> dict[str, Any]:
-        """Receive every tensor of one update and load them all in one ``reload_weights`` call.
-
-        With ``digests``, the update is received and checked whole first (``pipelinerl_receive``) and
-        loaded only if no bucket was refused. Without, each bucket is received as the loader asks for
-        its first tensor (streaming: one bucket of receive buffer at a time). Returns ``received``'s
-        mapping, its seconds the whole call's.
-        """
-        started = time.perf_counter()
-        if digests is not None:
-            answer = self.pipelinerl_receive(names, shapes, dtypes, digests)
-            if not answer["refused"]:
-                self.pipelinerl_load_received()
-            return received(time.perf_counter() - started, answer["refused"], answer["reason"])
-        self.reload_weights(  # type: ignore[attr-defined]
-            weights_iterator=self._pipelinerl_receive(names, shapes, dtypes, None),
-            is_checkpoint_format=True,
-        )
-        self.pipelinerl_refresh_tied_lm_head()
-        return received(time.perf_counter() - started)
-
     def pipelinerl_receive(
-        self,
-        names: list[str],
-        shapes: list[list[int]],
-        dtypes: list[str],
-        digests: list[bytes] | None = None,
+        self, names: list[str], shapes: list[list[int]], dtypes: list[str]
     ) -> dict[str, Any]:
-        """Receive one update into staging buffers (loaded later by ``pipelinerl_load_received``);
-        an update with a refused bucket stages nothing (what an earlier update staged stays)."""
+        """Receive one update whole, every bucket hashed, into a pending slot; answers the seconds it
+        took and the hex digest of every bucket. Nothing is staged or loaded until
+        ``pipelinerl_keep_received(True)``; what an earlier update staged stays until then."""
+        if self._pipelinerl_group is None:
+            raise RuntimeError("this worker has not joined a weight group (pipelinerl_join_weight_group)")
         started = time.perf_counter()
-        try:
-            self._pipelinerl_staged = list(self._pipelinerl_receive(names, shapes, dtypes, digests))
-        except BucketsRefused as refused:
-            return received(time.perf_counter() - started, refused.buckets, refused.reason)
-        return received(time.perf_counter() - started)
+        update = self._pipelinerl_group.receive_update(shapes, dtypes)
+        self._pipelinerl_pending = (names, update)
+        return {
+            "seconds": time.perf_counter() - started,
+            "digests": [digest.hex() for digest in update.digests],
+        }
+
+    def pipelinerl_keep_received(self, keep: bool) -> None:
+        """Stage the pending update (its digests matched the trainer's) or drop it (they did not)."""
+        if self._pipelinerl_pending is None:
+            raise RuntimeError("no received weights are pending: call pipelinerl_receive first")
+        (names, update), self._pipelinerl_pending = self._pipelinerl_pending, None
+        if keep:
+            self._pipelinerl_staged = list(zip(names, update.tensors(), strict=True))
 
     def pipelinerl_load_received(self) -> float:
         """Load the staged update in one ``reload_weights`` call and free the staging buffers."""
@@ -151,16 +131,3 @@ class WeightGroupExtension:
             return False
         method.process_weights_after_loading(lm_head)
         return True
-
-    def _pipelinerl_receive(
-        self, names: list[str], shapes: list[list[int]], dtypes: list[str], digests: list[bytes] | None
-    ) -> Iterator[tuple[str, torch.Tensor]]:
-        if self._pipelinerl_group is None:
-            raise RuntimeError("this worker has not joined a weight group (pipelinerl_join_weight_group)")
-        yield from zip(names, self._pipelinerl_group.receive(shapes, dtypes, digests), strict=True)
-
-
-def received(seconds: float, refused: list[int] | None = None, reason: str = "") -> dict[str, Any]:
-    """What a worker answers for an update it received: the seconds it took and the buckets it
-    refused (none: the update is staged or loaded), with why (``WeightGroup.receive``)."""
-    return {"seconds": seconds, "refused": list(refused or []), "reason": reason}

@@ -1,4 +1,5 @@
-"""The digest of a weight bucket (``weight_digest``) and the notice field that carries it (``wire``)."""
+"""The digest of a weight bucket (``weight_digest``), the comparison a member makes, and the message
+that carries the trainer's digests (``wire.WeightDigests``)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,8 @@ import pytest
 import torch
 from blake3 import blake3
 
-from pipelinerl.platform.dtypes import dtype_name
-from pipelinerl.platform.weight_buckets import plan_buckets
-from pipelinerl.platform.weight_digest import DIGEST_BYTES, bucket_digest, digest_matches, tensor_bytes
-from pipelinerl.platform.wire import MalformedMessage, WeightUpdate, decode, encode
+from pipelinerl.platform.weight_digest import DIGEST_BYTES, bucket_digest, refused_buckets, tensor_bytes
+from pipelinerl.platform.wire import MalformedMessage, WeightDigests, decode, encode
 
 
 def test_the_same_bytes_give_the_same_digest_and_one_flipped_bit_another() -> None:
@@ -21,7 +20,6 @@ def test_the_same_bytes_give_the_same_digest_and_one_flipped_bit_another() -> No
     flipped = tensor.clone()
     flipped.view(torch.uint8)[100] ^= 0b0000_0100
     assert bucket_digest([flipped]) != digest
-    assert digest_matches(digest, tensor) and not digest_matches(digest, flipped)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16, torch.float64])
@@ -62,60 +60,43 @@ def test_the_digest_is_blake3_of_the_bytes_on_the_wire() -> None:
     assert bucket_digest([tensor]) == blake3(tensor.numpy().tobytes()).digest()
 
 
-# ----- the notice's field -----
+# ----- the comparison -----
 
 
-def notice(digests: list[bytes] | None = None, bucket_bytes: int = 4096) -> WeightUpdate:
-    tensors = [torch.randn(32, 32), torch.randn(32), torch.randn(8).to(torch.bfloat16)]
-    shapes, dtypes = [list(t.shape) for t in tensors], [dtype_name(t) for t in tensors]
-    plan = plan_buckets(shapes, dtypes, bucket_bytes)
-    if digests is None:
-        digests = [bucket_digest(tensors[i] for i in bucket.members) for bucket in plan]
-    return WeightUpdate(
-        policy_version=3,
-        parameter_names=["w", "b", "h"],
-        parameter_shapes=shapes,
-        parameter_dtypes=dtypes,
-        samples_trained=64,
-        created_at=1.0,
-        bucket_bytes=bucket_bytes,
-        bucket_digests=digests,
-    )
+def test_the_buckets_whose_digests_differ_are_refused_and_only_they() -> None:
+    received = [bucket_digest([torch.full((4,), float(k))]) for k in range(4)]
+    assert refused_buckets(received, list(received)) == ([], "")
+    altered = list(received)
+    altered[1], altered[3] = bucket_digest([torch.ones(5)]), bytes(DIGEST_BYTES)
+    refused, reason = refused_buckets(received, altered)
+    assert refused == [1, 3] and "differ from the digest the trainer announced" in reason
 
 
-def test_a_notice_carries_one_digest_per_bucket_across_the_wire() -> None:
-    update = notice()
-    assert len(update.bucket_digests) == 3  # 4096 bytes, then 128 float32 bytes, then a bfloat16 bucket
-    assert decode(encode(update)) == update
+def test_digests_that_are_not_one_per_bucket_or_never_came_refuse_every_bucket() -> None:
+    received = [bucket_digest([torch.full((4,), float(k))]) for k in range(3)]
+    assert refused_buckets(received, received[:2]) == ([0, 1, 2], "2 digests came for 3 buckets")
+    assert refused_buckets(received, [*received, received[0]])[0] == [0, 1, 2]
+    refused, reason = refused_buckets(received, None)
+    assert refused == [0, 1, 2] and "did not come" in reason
 
 
-def test_a_notice_whose_digests_are_not_one_per_bucket_is_malformed() -> None:
-    with pytest.raises(ValueError, match="2 bucket digests for the 3 buckets"):
-        notice(digests=[bytes(DIGEST_BYTES)] * 2)
-    frames = encode(notice())
-    header = msgspec.msgpack.decode(frames[0])
-    header["bucket_digests"] = header["bucket_digests"][:2]
-    with pytest.raises(MalformedMessage, match="2 bucket digests for the 3 buckets"):
-        decode([msgspec.msgpack.encode(header), *frames[1:]])
+# ----- the message that carries them -----
 
 
-def test_a_digest_of_the_wrong_size_or_without_a_bucket_size_is_malformed() -> None:
-    frames = encode(notice())
+def digests_message(digests: list[bytes]) -> WeightDigests:
+    return WeightDigests(policy_version=3, bucket_digests=digests)
+
+
+def test_the_trainers_digests_cross_the_wire_unchanged() -> None:
+    message = digests_message([bucket_digest([torch.randn(8)]) for _ in range(3)])
+    assert decode(encode(message)) == message
+
+
+def test_a_digest_of_the_wrong_size_is_malformed() -> None:
+    frames = encode(digests_message([bytes(DIGEST_BYTES)] * 3))
     header = msgspec.msgpack.decode(frames[0])
     header["bucket_digests"][1] = b"short"
     with pytest.raises(MalformedMessage, match="bucket_digests"):
         decode([msgspec.msgpack.encode(header), *frames[1:]])
-    header = msgspec.msgpack.decode(frames[0])
-    header["bucket_bytes"] = 0
-    with pytest.raises(MalformedMessage, match="without the bucket size"):
-        decode([msgspec.msgpack.encode(header), *frames[1:]])
     with pytest.raises(ValueError, match="must each be 32 bytes"):
-        notice(digests=[b"x"] * 3)
-
-
-def test_a_notice_from_before_digests_still_decodes_with_none() -> None:
-    frames = encode(notice())
-    header = msgspec.msgpack.decode(frames[0])
-    del header["bucket_digests"], header["bucket_bytes"]
-    old = decode([msgspec.msgpack.encode(header), *frames[1:]])
-    assert isinstance(old, WeightUpdate) and old.bucket_digests == [] and old.bucket_bytes == 0
+        digests_message([b"x"] * 3)

@@ -17,6 +17,7 @@ from pipelinerl.platform.wire import (
     Shutdown,
     TrainBatch,
     TrainSequence,
+    WeightDigests,
     WeightUpdate,
     decode,
     encode,
@@ -96,6 +97,8 @@ ALL_MESSAGES: list[Message] = [
         samples_trained=0,
         created_at=0.0,
     ),
+    WeightDigests(policy_version=7, bucket_digests=[bytes(range(32)), bytes(32)]),
+    WeightDigests(policy_version=0, bucket_digests=[]),
     Shutdown(reason="trainer finished: 100 steps ✓"),
     Shutdown(reason=""),
 ]

@@ -5,7 +5,8 @@ import random
 import pytest
 import torch
 
-from pipelinerl.rl.packing import pack_micro_batches, pad_micro_batch
+from pipelinerl.rl.packing import pack_micro_batches
+from pipelinerl.rl.padding import pad_micro_batch
 
 
 def test_hand_example() -> None:
