@@ -5,9 +5,10 @@ VENV   := .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
-# Two test workers, one test module each at a time (the modules' fixed ports are per worker);
-# PYTEST_WORKERS= runs the suite in one process.
-PYTEST_WORKERS ?= -n 2 --dist loadfile
+# Two test workers, one test module each at a time (the modules' fixed ports are per worker), handed out
+# in collection order, the longest first (tests/conftest.py, LONGEST_FILES); PYTEST_WORKERS= runs the
+# suite in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 # Python caches what it imports as bytecode, unless PYTHONDONTWRITEBYTECODE is set (as on this project's
 # machines and many CI images): then every stage process compiled transformers, DeepSpeed, ... again, a
