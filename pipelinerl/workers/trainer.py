@@ -2,8 +2,7 @@
 
 Loop (paper §3): take the next batch of B sequences from the preprocessor, compute the RL loss
 (``rl/``) over its micro-batches, one optimizer step, policy version +1, then publish the new
-weights: a ``WeightUpdate`` notice over ZeroMQ PUB, the tensors in buckets over the weight group, then
-``WeightDigests`` (every bucket's digest) over ZeroMQ PUB.
+weights (``weight_publisher``: a notice, the tensors over the weight group, their digests).
 In ``conventional`` mode weights are published only every G steps (after a whole round).
 
 Every step appends one JSON record to ``metrics.jsonl`` (loss, reward, ESS, lag statistics, the
@@ -46,26 +45,22 @@ from pipelinerl.platform.checkpoint import (
     write_trained,
 )
 from pipelinerl.platform.config import PipelineConfig
-from pipelinerl.platform.dtypes import dtype_name, policy_dtype
+from pipelinerl.platform.dtypes import policy_dtype
 from pipelinerl.platform.stores import init_trainer_group
 from pipelinerl.platform.tracking import metric_registry as registry
-from pipelinerl.platform.transport import Receiver, Sender, run_keys
-from pipelinerl.platform.weights import MIB, WeightGroup, weight_backend
-from pipelinerl.platform.wire import Shutdown, TrainBatch, WeightDigests, WeightUpdate, impossible_values
+from pipelinerl.platform.transport import Receiver, run_keys
+from pipelinerl.platform.wire import Shutdown, TrainBatch, impossible_values
 from pipelinerl.rl.ess import effective_sample_size_from_log_weights
 from pipelinerl.rl.lag import lag_statistics, token_lags
 from pipelinerl.rl.mismatch import behaviour_mismatch
 from pipelinerl.workers.deepspeed_import import import_deepspeed
 from pipelinerl.workers.engines.lm_head import float32_lm_head
 from pipelinerl.workers.policy_step import concat_records, micro_batch_loss
+from pipelinerl.workers.weight_publisher import WeightPublisher
 
 logger = logging.getLogger("pipelinerl.trainer")
 
 BATCH_WAIT_S = 1.0  # how long one receive waits before the loop checks its deadline again
-# How long a weight update waits for every stage to subscribe to the notices before it is published to
-# those there are: the first one (stages still connecting over a slow link), and later ones (a stage
-# reconnecting; a stage that died is not waited for long).
-FIRST_NOTICE_SUBSCRIBERS_WAIT_S, NOTICE_SUBSCRIBERS_WAIT_S = 30.0, 2.0
 
 
 def deepspeed_config(config: PipelineConfig, bf16: bool = False) -> dict[str, Any]:
@@ -220,28 +215,8 @@ class Trainer:
         self.vocab_size = int(self.engine.module.get_input_embeddings().num_embeddings)
         self.max_sequence_tokens = model_positions(self.engine.module.config)
         self.max_completion_tokens = config.actor.max_new_tokens
-        self.notices: Sender | None = None
-        self.weight_group: WeightGroup | None = None
-        if rank == 0:
-            self.notices = Sender(
-                self.zmq_context,
-                transport.address("weights"),
-                "xpub",
-                bind=True,
-                keys=keys,
-                max_message_bytes=transport.max_message_bytes,
-                name="trainer",
-            )
-            self.weight_group = WeightGroup.lead(
-                transport.host,
-                transport.port("weight_group"),
-                config.weight_group_size(),
-                backend=weight_backend(
-                    transport.weight_backend, device, config.actor.engine, config.cluster.colocate
-                ),
-                bucket_bytes=transport.weight_bucket_mib * MIB,
-                device=torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else "cpu",
-            )
+        # Rank 0 alone talks to the actors.
+        self.publisher = WeightPublisher(self.zmq_context, config, keys, device) if rank == 0 else None
         (run_dir / "tokens").mkdir(exist_ok=True)
 
     def _resume(self, directory: Path) -> None:
@@ -305,7 +280,7 @@ class Trainer:
                 record[registry.TRAINER_REJECTED] = self.rejected + self.batches.rejected_count  # + replays
                 record[registry.TRAINER_MALFORMED] = self.batches.malformed_count
                 record[registry.TRAINER_UNAUTHENTICATED] = self.batches.unauthenticated_count + (
-                    self.notices.unauthenticated_count if self.notices is not None else 0
+                    self.publisher.unauthenticated_count if self.publisher is not None else 0
                 )
                 record[registry.TIME] = time.time()
                 record[registry.WALL_S] = time.time() - started
@@ -493,44 +468,15 @@ class Trainer:
         return list(self.engine.module.named_parameters(remove_duplicate=True))
 
     def _publish(self) -> float:
-        """Notice + broadcast of the current weights to every actor; returns seconds taken.
-
-        Every rank enters the ZeRO-3 gather (a collective); only rank 0 talks to the actors. After the
-        broadcast, ``WeightDigests`` carries the digest of every bucket it carried (hashed while it was
-        broadcast: ``WeightGroup.send``) over the authenticated channel: the actors load nothing that
-        does not match it.
-        """
+        """The current weights to every actor (``WeightPublisher``); returns seconds taken. Every rank
+        enters the ZeRO-3 gather (a collective); only rank 0 publishes."""
         named = self._parameters()
-        params = [param for _, param in named]
         started = time.perf_counter()
-        with self.deepspeed.zero.GatheredParameters(params, enabled=self.config.trainer.zero_stage == 3):
-            if self.weight_group is None or self.notices is None:
+        zero3 = self.config.trainer.zero_stage == 3
+        with self.deepspeed.zero.GatheredParameters([param for _, param in named], enabled=zero3):
+            if self.publisher is None:
                 return 0.0
-            tensors = [param.detach() for param in params]
-            # Every actor must hear of the update before the broadcast that waits for all of them:
-            # on a slow link a subscription can arrive after a first notice, which a PUB drops.
-            subscribers = self.config.actor.num_actors + 1  # the actors and the preprocessor
-            wait_s = NOTICE_SUBSCRIBERS_WAIT_S if self.notices.sent_count else FIRST_NOTICE_SUBSCRIBERS_WAIT_S
-            if not self.notices.wait_for_subscribers(subscribers, wait_s):
-                logger.warning(
-                    "weights v%d: %d of %d stages subscribe to the notices after %.0f s; publishing anyway",
-                    self.policy_version,
-                    self.notices.subscribers(),
-                    subscribers,
-                    wait_s,
-                )
-            self.notices.send(
-                WeightUpdate(
-                    policy_version=self.policy_version,
-                    parameter_names=[name for name, _ in named],
-                    parameter_shapes=[list(t.shape) for t in tensors],
-                    parameter_dtypes=[dtype_name(t) for t in tensors],
-                    samples_trained=self.samples_trained,
-                    created_at=time.time(),
-                )
-            )
-            digests = self.weight_group.send(tensors)
-            self.notices.send(WeightDigests(policy_version=self.policy_version, bucket_digests=digests))
+            self.publisher.publish(named, self.policy_version, self.samples_trained)
         return time.perf_counter() - started
 
     def _finish(self) -> None:
@@ -541,13 +487,9 @@ class Trainer:
         (self.run_dir / f"trainer{self.rank}.done").write_text(
             json.dumps({"policy_version": self.policy_version})
         )
-        if self.notices is not None:
-            for _ in range(3):  # PUB/SUB may drop one; actors treat repeats as one
-                self.notices.send(Shutdown(reason=f"trainer finished at version {self.policy_version}"))
-                time.sleep(0.05)
+        if self.publisher is not None:
+            self.publisher.shutdown(f"trainer finished at version {self.policy_version}")
         self.batches.close()
-        if self.notices is not None:
-            self.notices.close()
 
 
 def init_distributed(deepspeed: Any, config: PipelineConfig, rank: int, backend: str) -> None:

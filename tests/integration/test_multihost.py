@@ -217,7 +217,13 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
     )
     for seed, host in enumerate(ACTOR_HOSTS):
         impair_link(cluster, host, delay_ms=IMPAIRED_DELAY_MS, loss=IMPAIRED_LOSS, seed=seed)
+    started = time.monotonic()
+
+    def phase(what: str) -> None:  # shown with a failure: where the time went
+        print(f"{time.monotonic() - started:6.1f} s  {what}")
+
     flow_run_id = launch_on_head(cluster, config)
+    phase("launched")
     runs = directory / "runs"
     run = MultiHostRun(flow_run_id, Path(), {}, {})
 
@@ -228,6 +234,7 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
         return metrics.parent if metrics is not None and metrics.stat().st_size else None
 
     run.run_dir = wait_until(training, RUN_TIMEOUT_S, "the multi-host run to train a step", interval_s=0.5)
+    phase("first step trained")
     run_id = run.run_dir.name
 
     def observe_placement() -> None:
@@ -243,6 +250,7 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
         return now if {"actor0", "actor1"} <= set(now) else None
 
     hosts = wait_until(both_actors, RUN_TIMEOUT_S, "both actors to run", 0.5)
+    phase("both actors run")
     run.cut_host, run.killed_host = hosts["actor1"], hosts["actor0"]
     stranger = join_stranger(cluster)
     probe: dict[str, Any] = {}
@@ -293,6 +301,7 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
         while thread.is_alive():
             observe_placement()
             thread.join(0.5)
+    phase("link back, stranger done, Prefect server back")
     done: subprocess.CompletedProcess[str] = probe["done"]
     assert done.returncode == 0, done.stdout + done.stderr
     run.stranger = json.loads(done.stdout.strip().splitlines()[-1])
@@ -307,6 +316,7 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
     at_cut, at_restore = around_cut
     going_on = wait_until(lambda: at_version(at_restore + 2), 300, "the run to go on after the link", 0.5)
     run.versions_around_cut = (at_cut, at_restore, going_on)
+    phase(f"went on after the link: versions {run.versions_around_cut}")
 
     # actor0's host disappears; the run restarts with the actors on the live hosts.
     killed_at = time.monotonic()
@@ -319,6 +329,7 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
 
     wait_until(restarted, RUN_TIMEOUT_S, "the run to restart its actors on the live hosts", 0.5)
     run.noticed_after_s = time.monotonic() - killed_at
+    phase(f"actors restarted on the live hosts, {run.noticed_after_s:.1f} s after the kill")
 
     def final() -> dict[str, Any] | None:
         for host, stages in host_processes(cluster, run_id).items():
@@ -327,6 +338,7 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
         return answer if answer["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
 
     run.final = wait_until(final, RUN_TIMEOUT_S, "the multi-host run to end", interval_s=0.5)
+    phase(f"ended: {run.final['state']['type']}")
     for host in list(cluster.relays):
         clear_impairment(cluster, host)
     summary = run.run_dir / "summary.json"
