@@ -15,31 +15,35 @@ from pipelinerl.platform.config import load_config
 from pipelinerl.platform.config.infrastructure import PORTS
 from tests.conftest import free_port
 
+# Each process writes its environment to a file of its own (named by its RANK): two workers of one agent
+# share its stdout, and printed lines of a few KB interleaved there (CI saw two on one line).
 PROBE = """
-import json, os
-print("ENV " + json.dumps(dict(os.environ)), flush=True)
+import json, os, sys
+with open(os.path.join(sys.argv[1], "env-" + os.environ.get("RANK", "none") + ".json"), "w") as out:
+    json.dump(dict(os.environ), out)
 """
 
 
-def probe_envs(tmp_path: Path, launcher: list[str]) -> list[dict[str, str]]:
-    probe = tmp_path / "probe.py"
-    probe.write_text(PROBE)
-    out = subprocess.run([*launcher, str(probe)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-    lines = out.stdout.splitlines()
-    return [json.loads(line.removeprefix("ENV ")) for line in lines if line.startswith("ENV ")]
+def probe_env(tmp_path: Path, rank: str) -> dict[str, str]:
+    return json.loads((tmp_path / "envs" / f"env-{rank}.json").read_text())
 
 
 def torchrun_workers(tmp_path: Path, nodes: int, per_node: int, port: int) -> dict[int, dict[str, str]]:
     """What torchrun adds to each worker's environment, by RANK: ``nodes`` real agents on this machine."""
-    (baseline,) = probe_envs(tmp_path, [sys.executable])
+    probe, envs = tmp_path / "probe.py", tmp_path / "envs"
+    probe.write_text(PROBE)
+    envs.mkdir()
+    baseline_run = [sys.executable, str(probe), str(envs)]
+    done = subprocess.run(baseline_run, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    baseline = probe_env(tmp_path, "none")
     agents = [
         subprocess.Popen(
             [
                 *[sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes)],
                 *["--nproc-per-node", str(per_node), "--node-rank", str(node), "--rdzv-backend", "static"],
                 *["--master-addr", "127.0.0.1", "--master-port", str(port), "--role", "trainer"],
-                str(tmp_path / "probe.py"),
+                *[str(probe), str(envs)],
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -47,14 +51,13 @@ def torchrun_workers(tmp_path: Path, nodes: int, per_node: int, port: int) -> di
         )
         for node in range(nodes)
     ]
-    workers = {}
     for agent in agents:
         out, _ = agent.communicate(timeout=120)
         assert agent.returncode == 0, out
-        for line in out.splitlines():
-            if line.startswith("ENV "):
-                env = json.loads(line.removeprefix("ENV "))
-                workers[int(env["RANK"])] = {n: v for n, v in env.items() if baseline.get(n) != v}
+    workers = {}
+    for rank in range(nodes * per_node):
+        env = probe_env(tmp_path, str(rank))
+        workers[rank] = {n: v for n, v in env.items() if baseline.get(n) != v}
     return workers
 
 

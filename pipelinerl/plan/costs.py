@@ -1,0 +1,73 @@
+"""The cost model of a simulated run: how long each piece of work takes, in seconds.
+
+* A **decode step** of an engine writes one token of every sequence it holds. Its time grows with the
+  sequences in flight ``n`` (the batch's matrix work) and with the tokens they hold in all (attention
+  reads every cached token):
+  ``decode_step_s(n, context) = decode_base_s + decode_per_sequence_s * n + decode_per_context_token_s
+  * context``; the three coefficients are fitted per engine and model, never assumed.
+* A **prefill** of a new prompt costs ``prefill_per_token_s`` per prompt token, on the engine's time.
+* A **trainer step** (one optimizer step on B sequences): ``train_base_s + train_per_token_s * tokens
+  + train_per_sequence_s * sequences``.
+* A **weight update** is two costs: the **transfer** (``transfer_s``: the trainer's broadcast, which
+  holds the trainer) and the engine's **pause** (``update_pause_s``: what an engine stops decoding for
+  to take the weights in, between two decode steps). Below ~8B parameters the pause, not the
+  transfer, is what an in-flight update costs the actors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class CostModel:
+    decode_base_s: float
+    decode_per_sequence_s: float = 0.0
+    decode_per_context_token_s: float = 0.0
+    prefill_per_token_s: float = 0.0
+    train_base_s: float = 0.0
+    train_per_token_s: float = 0.0
+    train_per_sequence_s: float = 0.0
+    transfer_s: float = 0.0
+    update_pause_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if not value >= 0.0:  # also refuses NaN
+                raise ValueError(f"{field.name}={value!r}: a cost is a number of seconds, 0 or more")
+        if self.decode_base_s + self.decode_per_sequence_s <= 0.0:
+            raise ValueError(
+                "decode_base_s + decode_per_sequence_s must be above 0: a decode step of one sequence "
+                "that takes no time would write any length at once"
+            )
+
+    def decode_step_s(self, in_flight: int, context_tokens: int) -> float:
+        """One decode step of an engine holding ``in_flight`` sequences of ``context_tokens`` in all."""
+        return (
+            self.decode_base_s
+            + self.decode_per_sequence_s * in_flight
+            + self.decode_per_context_token_s * context_tokens
+        )
+
+    def decode_steps_s(self, steps: int, in_flight: int, context_tokens: int) -> float:
+        """``steps`` decode steps in a row, no sequence joining or leaving: each adds ``in_flight``
+        tokens to the context, so the time is the sum of an arithmetic series."""
+        if steps <= 0:
+            return 0.0
+        growth = self.decode_per_context_token_s * in_flight * steps * (steps - 1) / 2
+        return steps * self.decode_step_s(in_flight, context_tokens) + growth
+
+    def steps_within(self, seconds: float, in_flight: int, context_tokens: int, at_most: int) -> int:
+        """The most decode steps (up to ``at_most``) that end within ``seconds``."""
+        low, high = 0, at_most  # decode_steps_s is increasing in steps: bisect
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.decode_steps_s(middle, in_flight, context_tokens) <= seconds:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    def train_step_s(self, tokens: int, sequences: int) -> float:
+        return self.train_base_s + self.train_per_token_s * tokens + self.train_per_sequence_s * sequences

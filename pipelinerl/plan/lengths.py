@@ -1,0 +1,86 @@
+"""Completion lengths for a simulated run: how many tokens each sequence writes.
+
+* ``FixedLengths``: every sequence the same (the case where the paper's advantage shrinks);
+* ``EmpiricalLengths``: drawn from the lengths of a finished run (its token files);
+* ``LogNormalLengths``: a lognormal given the mean and the 90th percentile, cut at the longest a run
+  allows (``actor.max_new_tokens``; a sequence that reaches it is truncated there, as in a run).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Protocol
+
+import numpy as np
+
+Z90 = NormalDist().inv_cdf(0.9)  # the standard normal's 90th percentile
+
+
+class Lengths(Protocol):
+    def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """``count`` completion lengths, each at least 1 token."""
+        ...
+
+
+@dataclass(frozen=True)
+class FixedLengths:
+    tokens: int
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1:
+            raise ValueError(f"tokens={self.tokens}: a completion has at least 1 token")
+
+    def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        return np.full(count, self.tokens, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class EmpiricalLengths:
+    observed: tuple[int, ...]
+
+    def __init__(self, observed: Sequence[int]) -> None:
+        if not observed:
+            raise ValueError("observed: give at least one completion length")
+        if min(observed) < 1:
+            raise ValueError(f"observed: a completion has at least 1 token (got {min(observed)})")
+        object.__setattr__(self, "observed", tuple(int(length) for length in observed))
+
+    def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        return rng.choice(np.asarray(self.observed, dtype=np.int64), size=count, replace=True)
+
+
+@dataclass(frozen=True)
+class LogNormalLengths:
+    """Lognormal with parameters ``mu`` and ``sigma`` (of the log), rounded up, cut at ``max_tokens``."""
+
+    mu: float
+    sigma: float
+    max_tokens: int
+
+    @classmethod
+    def from_mean_p90(cls, mean: float, p90: float, max_tokens: int) -> LogNormalLengths:
+        """The lognormal whose mean and 90th percentile (before the cut) are ``mean`` and ``p90``.
+
+        With ``m = ln mean`` and ``q = ln p90``: ``mu + sigma^2/2 = m`` and ``mu + Z90 sigma = q``, so
+        ``sigma^2/2 - Z90 sigma + (q - m) = 0``; the smaller root is the distribution's sigma (a p90 above
+        the mean needs ``q - m <= Z90^2 / 2``, else no lognormal has both)."""
+        if not 0 < mean < p90:
+            raise ValueError(f"mean={mean}, p90={p90}: need 0 < mean < p90")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens}: at least 1")
+        gap = math.log(p90) - math.log(mean)
+        discriminant = Z90 * Z90 - 2 * gap
+        if discriminant < 0:
+            limit = mean * math.exp(Z90 * Z90 / 2)
+            raise ValueError(
+                f"p90={p90} is too far above mean={mean} for a lognormal (at most {limit:.0f} for this mean)"
+            )
+        sigma = Z90 - math.sqrt(discriminant)
+        return cls(mu=math.log(mean) - sigma * sigma / 2, sigma=sigma, max_tokens=max_tokens)
+
+    def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        drawn = np.ceil(rng.lognormal(self.mu, self.sigma, size=count)).astype(np.int64)
+        return np.clip(drawn, 1, self.max_tokens)

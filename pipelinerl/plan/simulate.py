@@ -1,0 +1,386 @@
+"""A discrete-event model of one run of the platform: engines, the queue, the trainer, weight updates.
+
+What is modelled, as the platform does it (``workers/``):
+
+* **Engines**: each holds up to H sequences and writes one token of each per decode step
+  (``CostModel.decode_step_s``). Between two events nothing joins or leaves, so a run of decode steps
+  is one event (``CostModel.decode_steps_s``), cut short when a weight update arrives: the step in
+  progress ends, then the engine pauses (``update_pause_s``) and loads the new version **in flight**;
+  the sequences it holds go on under it, so a sequence may be written by several versions.
+* **Admission**: ``pipeline`` refills every free slot at once (a prefill per prompt token);
+  ``conventional`` generates rounds of B·G sequences with one version: a round's prompts are admitted
+  only by engines holding that round's weights, and the next round starts when its weights arrive.
+* **The queue**: finished sequences wait for the trainer in arrival order, at most ``queue_capacity``
+  of them; an engine whose finished sequences find it full stops until there is room (the
+  backpressure ``transport.queue_size`` and ``transport.batches_ahead`` give a run).
+* **The trainer** takes B sequences per step (``CostModel.train_step_s``): in ``pipeline`` mode as soon
+  as B wait, publishing after every step; in ``conventional`` mode G steps per round, publishing after
+  the G-th, taking the round's first steps while it is still generated only with ``train_during_round``.
+  A publication holds the trainer for the transfer (``transfer_s``); the engines get the weights when it
+  ends. ``max_lag`` drops a sequence with a token more than that many versions older than the policy
+  that would train it, as the preprocessor does.
+
+Not modelled yet: the async mode, group completion (a batch of whole groups), ``recompute``, several
+trainer ranks apart from their step time.
+
+The figures (``SimulatedRun``) are those a run reports: samples and tokens per second, the engines'
+idle and paused shares of their time, the trainer's idle share, the lag of every trained token (the
+trainer's version at the step that trains it minus the version that sampled it), the sequences written
+by two or more versions.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from pipelinerl.plan.costs import CostModel
+from pipelinerl.plan.lengths import Lengths
+
+SimulatedMode = Literal["pipeline", "conventional"]
+SIMULATED_MODES: tuple[SimulatedMode, ...] = ("pipeline", "conventional")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a run asks of the cluster: its mode, engines, H, B, G and the sequences it writes."""
+
+    mode: SimulatedMode
+    engines: int
+    in_flight: int  # H: sequences per engine
+    batch_size: int  # B: sequences per optimizer step
+    steps: int  # optimizer steps to simulate
+    prompt_tokens: int
+    lengths: Lengths
+    steps_per_round: int = 1  # G, conventional mode
+    train_during_round: bool = False
+    max_lag: int | None = None
+    # Sequences waiting for the trainer. None: two batches (pipeline), a round and a batch (conventional).
+    queue_capacity: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in SIMULATED_MODES:
+            raise ValueError(f"mode={self.mode!r}: the simulator models {', '.join(SIMULATED_MODES)}")
+        for name in ("engines", "in_flight", "batch_size", "steps", "steps_per_round"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: at least 1")
+        if self.prompt_tokens < 0:
+            raise ValueError(f"prompt_tokens={self.prompt_tokens}: 0 or more")
+        if self.max_lag is not None and self.max_lag < 0:
+            raise ValueError(f"max_lag={self.max_lag}: 0 or more, or None for no bound")
+        round_lag = self.steps_per_round - 1
+        if self.mode == "conventional" and self.max_lag is not None and self.max_lag < round_lag:
+            raise ValueError(
+                f"max_lag={self.max_lag} below steps_per_round - 1 = {round_lag} in conventional mode: "
+                "dropping part of a round is not modelled"
+            )
+        least = self.round_size if self.waits_for_round else self.batch_size
+        if self.queue_capacity is not None and self.queue_capacity < least:
+            raise ValueError(
+                f"queue_capacity={self.queue_capacity}: at least {least} (a "
+                f"{'whole round, which the trainer waits for' if self.waits_for_round else 'batch'}), "
+                "or the trainer could never start"
+            )
+
+    @property
+    def round_size(self) -> int:
+        return self.batch_size * self.steps_per_round
+
+    @property
+    def waits_for_round(self) -> bool:
+        return self.mode == "conventional" and not self.train_during_round
+
+    @property
+    def capacity(self) -> int:
+        if self.queue_capacity is not None:
+            return self.queue_capacity
+        return 2 * self.batch_size if self.mode == "pipeline" else self.round_size + self.batch_size
+
+
+@dataclass(frozen=True)
+class SimulatedRun:
+    seconds: float  # from the start to the end of the last optimizer step
+    samples_per_s: float
+    tokens_per_s: float  # completion tokens trained per second
+    actor_idle: float  # share of the engines' time with nothing to decode (waiting for work or room)
+    actor_paused: float  # share of the engines' time spent taking weights in
+    trainer_idle: float  # share of the time the trainer waited for a batch
+    lag_mean: float
+    lag_p90: int
+    lag_max: int
+    multi_version_sequences: int  # trained sequences written by two or more versions
+    dropped_stale: int  # sequences max_lag dropped
+    lag_tokens: dict[int, int]  # lag -> trained tokens with that lag
+
+
+@dataclass
+class _Sequence:
+    prompt_tokens: int
+    length: int
+    written: int = 0
+    versions: list[list[int]] = field(default_factory=list)  # [version, tokens] in order
+
+    def write(self, tokens: int, version: int) -> None:
+        if tokens == 0:
+            return
+        if self.versions and self.versions[-1][0] == version:
+            self.versions[-1][1] += tokens
+        else:
+            self.versions.append([version, tokens])
+        self.written += tokens
+
+    @property
+    def context(self) -> int:
+        return self.prompt_tokens + self.written
+
+
+@dataclass
+class _Chunk:
+    """Decode steps under way: from ``start`` for ``steps`` steps of ``in_flight`` sequences."""
+
+    start: float
+    steps: int
+    in_flight: int
+    context: int
+
+
+@dataclass
+class _Engine:
+    slots: list[_Sequence] = field(default_factory=list)
+    version: int = 0
+    pending: int | None = None  # a version that has arrived and is not loaded yet
+    chunk: _Chunk | None = None
+    outbox: list[_Sequence] = field(default_factory=list)  # finished, waiting for room in the queue
+    waiting_since: float | None = None  # idle (nothing to do) or blocked (no room) since then
+    generation: int = 0  # bumps when its scheduled event is replaced
+    idle_s: float = 0.0
+    paused_s: float = 0.0
+
+
+_ENGINE, _TRAINER = 0, 1  # what an event ends: an engine's work, or the trainer's
+
+
+class _Simulation:
+    def __init__(self, workload: Workload, costs: CostModel, seed: int) -> None:
+        self.w, self.costs = workload, costs
+        self.rng = np.random.default_rng(seed)
+        self.now = 0.0
+        self.events: list[tuple[float, int, int, int, int]] = []  # time, order, kind, engine, generation
+        self.order = 0
+        self.engines = [_Engine() for _ in range(workload.engines)]
+        self.queue: deque[_Sequence] = deque()
+        self.version = 0  # the trainer's policy version: optimizer steps taken
+        self.trainer: Literal["waiting", "training", "publishing"] = "waiting"
+        self.trainer_waiting_since: float | None = 0.0
+        self.trainer_idle_s = 0.0
+        self.end: float | None = None
+        # conventional mode: the round's version, prompts not yet admitted, sequences not yet finished
+        self.round_version = 0
+        self.round_prompts = workload.round_size
+        self.round_unfinished = self.round_prompts
+        self.steps_in_round = 0  # conventional mode: steps taken on the round being trained
+        self.lag_tokens: Counter[int] = Counter()
+        self.trained_samples = self.trained_tokens = self.multi_version = self.dropped = 0
+
+    # ----- the event queue ----------------------------------------------------------------------------
+
+    def schedule(self, at: float, kind: int, subject: int = 0) -> None:
+        generation = self.engines[subject].generation if kind == _ENGINE else 0
+        heapq.heappush(self.events, (at, self.order, kind, subject, generation))
+        self.order += 1
+
+    def run(self) -> SimulatedRun:
+        for index in range(self.w.engines):
+            self.schedule(0.0, _ENGINE, index)
+        while self.end is None:
+            if not self.events:
+                raise RuntimeError(f"the simulated run stalled at version {self.version}, t={self.now:.3f} s")
+            self.now, _, kind, subject, generation = heapq.heappop(self.events)
+            if kind == _ENGINE:
+                if generation == self.engines[subject].generation:
+                    self.engine_ready(subject)
+            else:
+                self.trainer_ready()
+        return self.figures()
+
+    # ----- engines ------------------------------------------------------------------------------------
+
+    def engine_ready(self, index: int) -> None:
+        engine = self.engines[index]
+        if engine.waiting_since is not None:
+            engine.idle_s += self.now - engine.waiting_since
+            engine.waiting_since = None
+        if engine.chunk is not None:
+            self.finish_chunk(engine)
+        if not self.flush(engine):
+            engine.waiting_since = self.now  # blocked: the queue is full
+            return
+        if engine.pending is not None:  # between two decode steps: take the new weights in
+            engine.version, engine.pending = engine.pending, None
+            engine.paused_s += self.costs.update_pause_s
+            self.schedule(self.now + self.costs.update_pause_s, _ENGINE, index)
+            return
+        admitted = self.admit(engine)
+        if admitted:
+            prefill = self.costs.prefill_per_token_s * self.w.prompt_tokens * admitted
+            self.schedule(self.now + prefill, _ENGINE, index)
+            return
+        if engine.slots:
+            steps = min(sequence.length - sequence.written for sequence in engine.slots)
+            in_flight, context = len(engine.slots), sum(sequence.context for sequence in engine.slots)
+            engine.chunk = _Chunk(self.now, steps, in_flight, context)
+            self.schedule(self.now + self.costs.decode_steps_s(steps, in_flight, context), _ENGINE, index)
+            return
+        engine.waiting_since = self.now  # nothing to do until weights or a round arrive
+
+    def finish_chunk(self, engine: _Engine) -> None:
+        assert engine.chunk is not None
+        steps, engine.chunk = engine.chunk.steps, None
+        still: list[_Sequence] = []
+        for sequence in engine.slots:
+            sequence.write(steps, engine.version)
+            (engine.outbox if sequence.written == sequence.length else still).append(sequence)
+        engine.slots = still
+
+    def flush(self, engine: _Engine) -> bool:
+        """Move the engine's finished sequences into the queue while there is room; True when all went."""
+        room = self.w.capacity - len(self.queue)
+        moving, engine.outbox = engine.outbox[:room], engine.outbox[room:]
+        self.queue.extend(moving)
+        self.round_unfinished -= len(moving)
+        if moving:
+            self.trainer_try_start()
+        return not engine.outbox
+
+    def admit(self, engine: _Engine) -> int:
+        free = self.w.in_flight - len(engine.slots)
+        if self.w.mode == "conventional":
+            free = min(free, self.round_prompts) if engine.version == self.round_version else 0
+            self.round_prompts -= free
+        if free <= 0:
+            return 0
+        for length in self.w.lengths.sample(self.rng, free):
+            engine.slots.append(_Sequence(self.w.prompt_tokens, int(length)))
+        return free
+
+    def update_arrives(self, version: int) -> None:
+        for index, engine in enumerate(self.engines):
+            engine.pending = version
+            chunk = engine.chunk
+            if chunk is not None:  # the step under way ends, then the engine takes the weights
+                elapsed = self.now - chunk.start
+                done = self.costs.steps_within(elapsed, chunk.in_flight, chunk.context, chunk.steps)
+                between = self.costs.decode_steps_s(done, chunk.in_flight, chunk.context) == elapsed
+                steps = min(chunk.steps, done if between else done + 1)
+                if steps < chunk.steps:
+                    chunk.steps = steps
+                    engine.generation += 1
+                    end = chunk.start + self.costs.decode_steps_s(steps, chunk.in_flight, chunk.context)
+                    self.schedule(end, _ENGINE, index)
+            elif engine.waiting_since is not None and not engine.outbox:
+                engine.generation += 1
+                self.schedule(self.now, _ENGINE, index)
+
+    def wake_blocked(self) -> None:
+        for index, engine in enumerate(self.engines):
+            if engine.outbox:
+                engine.generation += 1
+                self.schedule(self.now, _ENGINE, index)
+
+    # ----- the trainer --------------------------------------------------------------------------------
+
+    def trainer_try_start(self) -> None:
+        if self.trainer != "waiting":
+            return
+        if self.w.waits_for_round and self.round_unfinished > 0:
+            return  # generation, then training
+        batch = self.take_batch()
+        if batch is None:
+            return
+        assert self.trainer_waiting_since is not None
+        self.trainer_idle_s += self.now - self.trainer_waiting_since
+        self.trainer_waiting_since = None
+        tokens = 0
+        for sequence in batch:
+            for version, count in sequence.versions:
+                self.lag_tokens[self.version - version] += count
+            tokens += sequence.length
+            self.multi_version += len(sequence.versions) > 1
+        self.trained_samples += len(batch)
+        self.trained_tokens += tokens
+        self.trainer = "training"
+        self.schedule(self.now + self.costs.train_step_s(tokens, len(batch)), _TRAINER)
+        self.wake_blocked()
+
+    def take_batch(self) -> list[_Sequence] | None:
+        """B sequences from the queue's head, dropping those past ``max_lag``; None until B wait."""
+        if self.w.max_lag is not None:
+            kept = [s for s in self.queue if self.version - s.versions[0][0] <= self.w.max_lag]
+            if len(kept) < len(self.queue):
+                self.dropped += len(self.queue) - len(kept)
+                self.queue = deque(kept)
+                self.wake_blocked()  # room again
+        if len(self.queue) < self.w.batch_size:
+            return None
+        return [self.queue.popleft() for _ in range(self.w.batch_size)]
+
+    def trainer_ready(self) -> None:
+        """The trainer's step or its publication ended."""
+        if self.trainer == "training":
+            self.version += 1
+            self.steps_in_round += 1
+            if self.version == self.w.steps:
+                self.end = self.now
+                return
+            if self.w.mode == "pipeline" or self.steps_in_round == self.w.steps_per_round:
+                self.trainer = "publishing"  # the broadcast holds the trainer
+                self.schedule(self.now + self.costs.transfer_s, _TRAINER)
+                return
+        elif self.trainer == "publishing":
+            if self.w.mode == "conventional":  # the next round, generated with these weights
+                self.round_version, self.steps_in_round = self.version, 0
+                self.round_prompts = self.round_unfinished = self.w.round_size
+            self.update_arrives(self.version)
+        self.trainer = "waiting"
+        self.trainer_waiting_since = self.now
+        self.trainer_try_start()
+
+    # ----- the figures --------------------------------------------------------------------------------
+
+    def figures(self) -> SimulatedRun:
+        seconds = self.end or 0.0
+        for engine in self.engines:
+            if engine.waiting_since is not None:
+                engine.idle_s += seconds - engine.waiting_since
+        engine_time = seconds * len(self.engines)
+        total = sum(self.lag_tokens.values())
+        lags = sorted(self.lag_tokens)
+        cumulative, p90 = 0, 0
+        for lag in lags:
+            cumulative += self.lag_tokens[lag]
+            if cumulative >= 0.9 * total:
+                p90 = lag
+                break
+        return SimulatedRun(
+            seconds=seconds,
+            samples_per_s=self.trained_samples / seconds if seconds else 0.0,
+            tokens_per_s=self.trained_tokens / seconds if seconds else 0.0,
+            actor_idle=sum(e.idle_s for e in self.engines) / engine_time if engine_time else 0.0,
+            actor_paused=sum(e.paused_s for e in self.engines) / engine_time if engine_time else 0.0,
+            trainer_idle=self.trainer_idle_s / seconds if seconds else 0.0,
+            lag_mean=sum(lag * n for lag, n in self.lag_tokens.items()) / total if total else 0.0,
+            lag_p90=p90,
+            lag_max=lags[-1] if lags else 0,
+            multi_version_sequences=self.multi_version,
+            dropped_stale=self.dropped,
+            lag_tokens=dict(sorted(self.lag_tokens.items())),
+        )
+
+
+def simulate(workload: Workload, costs: CostModel, seed: int = 0) -> SimulatedRun:
+    """Simulate ``workload`` under ``costs`` until the trainer's ``workload.steps``-th step ends."""
+    return _Simulation(workload, costs, seed).run()

@@ -1,0 +1,150 @@
+"""The simulator on cases whose answers are known in closed form (``plan/simulate.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipelinerl.plan.costs import CostModel
+from pipelinerl.plan.lengths import FixedLengths, LogNormalLengths
+from pipelinerl.plan.simulate import Workload, simulate
+
+
+def workload(**settings) -> Workload:
+    base = dict(
+        mode="pipeline",
+        engines=1,
+        in_flight=1,
+        batch_size=1,
+        steps=20,
+        prompt_tokens=0,
+        lengths=FixedLengths(10),
+    )
+    return Workload(**{**base, **settings})
+
+
+def test_an_actor_bound_run_trains_one_sequence_per_sequence_time() -> None:
+    """One engine, one slot, sequences of 10 tokens at 0.1 s a step, a trainer that takes no time: a
+    sample a second, and each sequence is written by the version of the sample before it only."""
+    run = simulate(workload(), CostModel(decode_base_s=0.1))
+    assert run.seconds == pytest.approx(20.0)
+    assert run.samples_per_s == pytest.approx(1.0)
+    assert run.tokens_per_s == pytest.approx(10.0)
+    assert run.lag_tokens == {0: 200}  # each update arrives between two sequences
+    assert run.multi_version_sequences == 0
+    assert run.actor_idle == pytest.approx(0.0)
+    assert run.trainer_idle == pytest.approx(1.0)
+
+
+def test_a_trainer_bound_run_trains_a_batch_per_step_and_transfer() -> None:
+    """Fast engines, a 1 s step and a 0.5 s transfer after every step but the last: B samples per
+    1.5 s, from the moment the first batch is ready."""
+    costs = CostModel(decode_base_s=0.001, train_base_s=1.0, transfer_s=0.5)
+    run = simulate(workload(in_flight=64, batch_size=4, steps=10), costs)
+    first_batch = 10 * 0.001
+    assert run.seconds == pytest.approx(first_batch + 10 * 1.0 + 9 * 0.5)
+    assert run.samples_per_s == pytest.approx(40 / run.seconds)
+    assert run.trainer_idle == pytest.approx(first_batch / run.seconds)
+    assert run.actor_idle > 0.9  # blocked by the full queue nearly all the time
+
+
+def test_a_conventional_run_generates_a_round_then_takes_its_g_steps() -> None:
+    """B=2, G=4, one engine holding the whole round of 8: generation 1 s, four 0.5 s steps, a 0.2 s
+    transfer, twice (no transfer after the last step): 6.2 s. Step g of a round trains lag g."""
+    costs = CostModel(decode_base_s=0.1, train_base_s=0.5, transfer_s=0.2)
+    run = simulate(
+        workload(mode="conventional", in_flight=8, batch_size=2, steps_per_round=4, steps=8), costs
+    )
+    assert run.seconds == pytest.approx(6.2)
+    assert run.samples_per_s == pytest.approx(16 / 6.2)
+    assert run.lag_tokens == {0: 40, 1: 40, 2: 40, 3: 40}
+    assert (run.lag_mean, run.lag_p90, run.lag_max) == (pytest.approx(1.5), 3, 3)
+    assert run.trainer_idle == pytest.approx(2.0 / 6.2)  # 0-1 s and 3.2-4.2 s
+    assert run.actor_idle == pytest.approx(4.2 / 6.2)  # 1-3.2 s and 4.2-6.2 s
+    assert run.multi_version_sequences == 0 and run.actor_paused == 0.0
+
+
+def test_training_during_the_round_overlaps_its_first_steps() -> None:
+    """Sequences of two lengths: with train_during_round the first batch (the short ones) trains while
+    the long ones are written, so the round ends sooner than generation-then-training."""
+    costs = CostModel(decode_base_s=0.1, train_base_s=0.5)
+
+    class TwoLengths:
+        def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
+            return np.array([5 if i % 2 == 0 else 20 for i in range(count)])
+
+    settings = dict(
+        mode="conventional", in_flight=4, batch_size=2, steps_per_round=2, steps=2, lengths=TwoLengths()
+    )
+    after = simulate(workload(**settings), costs)
+    during = simulate(workload(**settings, train_during_round=True), costs)
+    assert after.seconds == pytest.approx(2.0 + 2 * 0.5)
+    assert during.seconds == pytest.approx(2.0 + 0.5)  # the short pair trained from 0.5 s to 1.0 s
+
+
+def test_in_flight_updates_write_sequences_with_several_versions_and_cost_pauses() -> None:
+    costs = CostModel(decode_base_s=0.1, train_base_s=0.25, update_pause_s=0.05)
+    run = simulate(workload(in_flight=4, batch_size=4, steps=30), costs)
+    assert sum(run.lag_tokens.values()) == 30 * 4 * 10
+    assert run.multi_version_sequences > 0 and run.lag_max >= 1
+    # every update but the last publication's is taken in once by the engine, 0.05 s each
+    assert 0 < run.actor_paused * run.seconds <= 29 * 0.05 + 1e-9
+
+
+def test_max_lag_zero_trains_only_tokens_of_the_current_version() -> None:
+    costs = CostModel(decode_base_s=0.01, train_base_s=0.1)
+    run = simulate(workload(in_flight=8, batch_size=2, steps=10, lengths=FixedLengths(5), max_lag=0), costs)
+    assert run.lag_tokens == {0: 10 * 2 * 5}
+    assert run.dropped_stale > 0
+
+
+def test_a_decode_run_costs_the_sum_of_its_steps_and_steps_within_inverts_it() -> None:
+    costs = CostModel(decode_base_s=0.01, decode_per_sequence_s=0.002, decode_per_context_token_s=1e-5)
+    in_flight, context = 8, 300
+    total, step_ends = 0.0, []
+    for step in range(50):
+        total += costs.decode_step_s(in_flight, context + step * in_flight)
+        step_ends.append(total)
+    assert costs.decode_steps_s(50, in_flight, context) == pytest.approx(total)
+    assert costs.steps_within(step_ends[19] + 1e-9, in_flight, context, 50) == 20
+    assert costs.steps_within(step_ends[19] - 1e-9, in_flight, context, 50) == 19
+    assert costs.steps_within(1e9, in_flight, context, 50) == 50
+
+
+def test_a_lognormal_from_mean_and_p90_has_them() -> None:
+    lengths = LogNormalLengths.from_mean_p90(mean=1000, p90=2000, max_tokens=10**9)
+    drawn = lengths.sample(np.random.default_rng(0), 400_000)
+    assert drawn.mean() == pytest.approx(1000, rel=0.02)
+    assert np.percentile(drawn, 90) == pytest.approx(2000, rel=0.02)
+    capped = LogNormalLengths.from_mean_p90(mean=1000, p90=2000, max_tokens=1500)
+    assert capped.sample(np.random.default_rng(0), 1000).max() == 1500
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"engines": 0}, "engines=0"),
+        ({"in_flight": 0}, "in_flight=0"),
+        ({"mode": "async"}, "mode='async'"),
+        ({"batch_size": 4, "queue_capacity": 2}, "queue_capacity=2"),
+        ({"mode": "conventional", "steps_per_round": 4, "max_lag": 1}, "max_lag=1"),
+        (
+            {"mode": "conventional", "batch_size": 2, "steps_per_round": 4, "queue_capacity": 4},
+            "queue_capacity=4",
+        ),
+    ],
+)
+def test_bad_workloads_are_refused_naming_the_value(settings, named) -> None:
+    with pytest.raises(ValueError, match=named.replace("(", r"\(")):
+        workload(**settings)
+
+
+def test_bad_costs_and_lengths_are_refused_naming_the_value() -> None:
+    with pytest.raises(ValueError, match="transfer_s=-1"):
+        CostModel(decode_base_s=0.1, transfer_s=-1)
+    with pytest.raises(ValueError, match="decode_base_s"):
+        CostModel(decode_base_s=0.0)
+    with pytest.raises(ValueError, match="p90=10000 is too far above mean=100"):
+        LogNormalLengths.from_mean_p90(mean=100, p90=10000, max_tokens=8192)
+    with pytest.raises(ValueError, match="tokens=0"):
+        FixedLengths(0)
