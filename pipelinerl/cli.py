@@ -18,6 +18,7 @@ from rich.console import Console
 
 from pipelinerl.bench.cli import bench_app
 from pipelinerl.flows.netns_cli import cluster_app
+from pipelinerl.plan.cli import plan_app
 from pipelinerl.platform.tracking.db_cli import db_app, runs_app
 
 app = typer.Typer(
@@ -202,6 +203,7 @@ def warmstart(config: ConfigOption = None, set_: SetOption = None) -> None:
 app.add_typer(db_app, name="db", help="Migrate the platform database (Alembic): upgrade, downgrade, current.")
 app.add_typer(runs_app, name="runs", help="Runs recorded in the platform database: list, show.")
 app.add_typer(bench_app, name="bench")
+app.add_typer(plan_app, name="plan")
 dev_app = typer.Typer(
     help="Tools for developing and trying the platform on one machine.", no_args_is_help=True
 )

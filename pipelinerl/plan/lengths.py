@@ -84,3 +84,20 @@ class LogNormalLengths:
     def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
         drawn = np.ceil(rng.lognormal(self.mu, self.sigma, size=count)).astype(np.int64)
         return np.clip(drawn, 1, self.max_tokens)
+
+
+LENGTH_FORMS = "fixed:TOKENS or lognormal:MEAN,P90"
+
+
+def parse_lengths(text: str, max_tokens: int) -> Lengths:
+    """``fixed:TOKENS`` or ``lognormal:MEAN,P90`` (cut at ``max_tokens``, the run's longest completion)."""
+    kind, _, values = text.partition(":")
+    try:
+        numbers = [float(value) for value in values.split(",")] if values else []
+    except ValueError:
+        raise ValueError(f"lengths {text!r}: numbers expected after the colon ({LENGTH_FORMS})") from None
+    if kind == "fixed" and len(numbers) == 1 and numbers[0].is_integer():
+        return FixedLengths(min(int(numbers[0]), max_tokens))
+    if kind == "lognormal" and len(numbers) == 2:
+        return LogNormalLengths.from_mean_p90(numbers[0], numbers[1], max_tokens)
+    raise ValueError(f"lengths {text!r}: expected {LENGTH_FORMS}")

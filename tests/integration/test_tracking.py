@@ -109,6 +109,43 @@ def test_the_command_writes_the_run_directory_and_says_what_it_did(tracked_comma
     assert (run_dir / "mlflow_run_id").read_text() in command.stdout.replace("\n", "")
 
 
+def test_plan_calibrates_a_profile_on_the_run_and_predicts_it(tracked_command, tmp_path):
+    """``pipelinerl plan calibrate`` on this real run's records, then ``pipelinerl plan`` with that
+    profile on the run's own config: every figure the records hold is fitted (above 0), and the
+    predicted run trains what the config asks."""
+    config, run_dir, _ = tracked_command
+    profile = tmp_path / "profile.json"
+    command = [sys.executable, "-m", "pipelinerl.cli", "plan"]
+    done = subprocess.run(
+        [*command, "calibrate", str(run_dir), "--out", str(profile)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    figures = json.loads(profile.read_text())["figures"]
+    for name in ("decode_base_s", "train_base_s", "transfer_s", "update_pause_s"):
+        assert figures[name]["value"] > 0, (name, figures[name])
+        assert run_dir.name in figures[name]["source"]
+    settings = [
+        f"--set=run.max_steps={config.run.max_steps}",
+        f"--set=rl.batch_size={config.rl.batch_size}",
+        f"--set=actor.max_in_flight={config.actor.max_in_flight}",
+    ]
+    predicted = subprocess.run(
+        [*command, "--profile", str(profile), "--lengths", "lognormal:20,40", "--json", "--modes", "pipeline"]
+        + settings,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert predicted.returncode == 0, predicted.stdout + predicted.stderr
+    run = json.loads(predicted.stdout)["pipeline"]
+    trained = config.run.max_steps * config.rl.batch_size
+    assert run["samples_per_s"] > 0 and run["seconds"] > 0
+    assert sum(run["lag_tokens"].values()) >= trained  # every trained sequence has a token or more
+
+
 def test_run_params_and_tags(tracked):
     config, result, client, run, _ = tracked
     assert run.info.status == "FINISHED"

@@ -1,0 +1,131 @@
+"""A cost profile fitted from finished runs: ``pipelinerl plan calibrate RUN_DIR...``.
+
+What each figure is fitted from (the records every run writes, ``platform/tracking/metric_registry``):
+
+* the trainer step: ``trainer/step_s`` of every step against its ``trainer/tokens`` (and
+  ``trainer/samples`` when the runs differ in it; within one run every step trains B sequences, so a
+  per-sequence cost cannot be told from the fixed one), least squares, no coefficient below 0;
+* the transfer: the median ``weights/broadcast_ms``;
+* the engine's pause for an update: the median ``weights/update_pause_ms`` of the actors' records;
+* the decode step: each actor record gives ``actor/in_flight`` sequences writing
+  ``throughput/actor_tokens_per_s``, so one decode step of n sequences took ``n / tokens_per_s``; fitted
+  against n (least squares, no coefficient below 0). The records carry no context lengths, so the
+  per-context-token cost is folded into the others (0 here), and so is the prefill.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipelinerl.plan.profile import CostProfile, Figure
+from pipelinerl.platform.tracking import metric_registry as registry
+
+
+class CalibrationError(ValueError):
+    """Runs that do not hold what a figure is fitted from, naming the run and the figure."""
+
+
+def nonnegative_fit(columns: Sequence[Sequence[float]], target: Sequence[float]) -> list[float]:
+    """Least squares of ``target`` on ``columns`` with every coefficient 0 or more: a column whose
+    coefficient comes out below 0 is dropped (its coefficient 0) and the rest fitted again."""
+    keep = list(range(len(columns)))
+    y = np.asarray(target, dtype=float)
+    while keep:
+        x = np.column_stack([np.asarray(columns[i], dtype=float) for i in keep])
+        solution = np.linalg.lstsq(x, y, rcond=None)[0]
+        if (solution >= 0).all():
+            coefficients = [0.0] * len(columns)
+            for index, value in zip(keep, solution, strict=True):
+                coefficients[index] = float(value)
+            return coefficients
+        keep.pop(int(np.argmin(solution)))
+    return [0.0] * len(columns)
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def calibrate(run_dirs: Iterable[Path], name: str) -> CostProfile:
+    """The profile fitted from ``run_dirs``' records; ``CalibrationError`` naming what is missing."""
+    runs = [Path(run_dir) for run_dir in run_dirs]
+    if not runs:
+        raise CalibrationError("give at least one run directory")
+    steps: list[dict[str, Any]] = []
+    actors: list[dict[str, Any]] = []
+    for run in runs:
+        if not (run / "metrics.jsonl").exists():
+            raise CalibrationError(f"{run}: no metrics.jsonl (not a run directory, or no step was trained)")
+        steps += [r for r in _records(run / "metrics.jsonl") if registry.TRAINER_STEP_S in r]
+        actors += [r for path in sorted(run.glob("actor*.jsonl")) for r in _records(path)]
+    shown = ", ".join(run.name for run in runs)
+    if len(steps) < 2:
+        raise CalibrationError(f"{shown}: {len(steps)} trainer steps recorded; the fit needs 2 or more")
+    decoding = [
+        r
+        for r in actors
+        if r.get(registry.ACTOR_IN_FLIGHT, 0) > 0 and r.get(registry.ACTOR_TOKENS_PER_S, 0) > 0
+    ]
+    if not decoding:
+        raise CalibrationError(f"{shown}: no actor record with sequences in flight and a token rate")
+
+    tokens = [float(r[registry.TRAINER_TOKENS]) for r in steps]
+    samples = [float(r[registry.TRAINER_SAMPLES]) for r in steps]
+    step_s = [float(r[registry.TRAINER_STEP_S]) for r in steps]
+    ones = [1.0] * len(steps)
+    if len(set(samples)) > 1:
+        base, per_token, per_sequence = nonnegative_fit([ones, tokens, samples], step_s)
+    else:
+        (base, per_token), per_sequence = nonnegative_fit([ones, tokens], step_s), 0.0
+    in_flight = [float(r[registry.ACTOR_IN_FLIGHT]) for r in decoding]
+    decode_s = [n / float(r[registry.ACTOR_TOKENS_PER_S]) for n, r in zip(in_flight, decoding, strict=True)]
+    decode_base, decode_per_sequence = nonnegative_fit([[1.0] * len(decoding), in_flight], decode_s)
+    broadcasts = [
+        float(r[registry.WEIGHTS_BROADCAST_MS]) / 1000 for r in steps if registry.WEIGHTS_BROADCAST_MS in r
+    ]
+    pauses = [float(r[registry.UPDATE_PAUSE_MS]) / 1000 for r in actors if registry.UPDATE_PAUSE_MS in r]
+
+    step_source = f"fitted on {len(steps)} trainer steps of {shown} (trainer/step_s against trainer/tokens)"
+    decode_source = (
+        f"fitted on {len(decoding)} actor records of {shown} "
+        "(actor/in_flight / throughput/actor_tokens_per_s against actor/in_flight)"
+    )
+    folded = f"not in the records of {shown}: folded into the decode fit"
+    figures = {
+        "decode_base_s": Figure(value=decode_base, unit="s", source=decode_source),
+        "decode_per_sequence_s": Figure(value=decode_per_sequence, unit="s/sequence", source=decode_source),
+        "decode_per_context_token_s": Figure(value=0.0, unit="s/token", source=folded),
+        "prefill_per_token_s": Figure(value=0.0, unit="s/token", source=folded),
+        "train_base_s": Figure(value=base, unit="s", source=step_source),
+        "train_per_token_s": Figure(value=per_token, unit="s/token", source=step_source),
+        "train_per_sequence_s": Figure(
+            value=per_sequence,
+            unit="s/sequence",
+            source=step_source if len(set(samples)) > 1 else f"every step of {shown} trained B sequences: 0",
+        ),
+        "transfer_s": Figure(
+            value=statistics.median(broadcasts) if broadcasts else 0.0,
+            unit="s",
+            source=f"median weights/broadcast_ms of {len(broadcasts)} updates of {shown}",
+        ),
+        "update_pause_s": Figure(
+            value=statistics.median(pauses) if pauses else 0.0,
+            unit="s",
+            source=f"median weights/update_pause_ms of {len(pauses)} actor updates of {shown}",
+        ),
+    }
+    profile = CostProfile(name=name, description=f"calibrated from {shown}", figures=figures)
+    try:
+        profile.cost_model()
+    except ValueError as error:
+        raise CalibrationError(f"{shown}: the fitted figures are unusable ({error})") from None
+    return profile

@@ -1,0 +1,42 @@
+"""The ``Workload`` an experiment's config asks for: its mode, engines, H, B, G, steps and queue bounds."""
+
+from __future__ import annotations
+
+from pipelinerl.plan.lengths import Lengths
+from pipelinerl.plan.simulate import SIMULATED_MODES, SimulatedMode, Workload
+from pipelinerl.platform.config import PipelineConfig
+
+
+def workload_from_config(
+    config: PipelineConfig, lengths: Lengths, prompt_tokens: int, mode: str | None = None
+) -> Workload:
+    """The run ``config`` describes (in ``mode`` when given, else its own ``run.mode``).
+
+    The queue a sequence waits in for the trainer holds what the rollout socket holds
+    (``transport.queue_size`` messages, one sequence each) and the batches the preprocessor may hand
+    out ahead (``transport.batches_ahead``; conventional mode adds the round's G-1); a run that trains
+    only once its round is generated holds the whole round."""
+    mode = mode or config.run.mode
+    if mode not in SIMULATED_MODES:
+        raise ValueError(
+            f"mode {mode!r} is not simulated yet; the simulator models {', '.join(SIMULATED_MODES)}"
+        )
+    simulated: SimulatedMode = "pipeline" if mode == "pipeline" else "conventional"
+    rl, run, transport = config.rl, config.run, config.transport
+    rounds = run.steps_per_round if simulated == "conventional" else 1
+    capacity = transport.queue_size + (transport.batches_ahead + rounds - 1) * rl.batch_size
+    if simulated == "conventional" and not run.train_during_round:
+        capacity = max(capacity, rl.batch_size * rounds)
+    return Workload(
+        mode=simulated,
+        engines=config.actor.num_actors,
+        in_flight=config.actor.max_in_flight,
+        batch_size=rl.batch_size,
+        steps=run.max_steps,
+        prompt_tokens=prompt_tokens,
+        lengths=lengths,
+        steps_per_round=rounds,
+        train_during_round=run.train_during_round,
+        max_lag=rl.max_lag,
+        queue_capacity=capacity,
+    )

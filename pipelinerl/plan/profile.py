@@ -1,0 +1,87 @@
+"""A cost profile: the figures of a ``CostModel``, each with its unit and where it comes from.
+
+A profile is JSON::
+
+    {
+      "name": "h100-7b",
+      "description": "...",
+      "figures": {
+        "decode_base_s": {"value": 0.021, "unit": "s", "source": "vLLM 0.8 benchmark, ..."},
+        ...
+      }
+    }
+
+Every figure of ``CostModel`` must be there (a missing one is named), nothing else (an unknown one is
+named with the valid ones), and each says where it comes from: a measured run, a benchmark record, a
+published table. ``pipelinerl plan`` simulates with ``CostProfile.cost_model()``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pipelinerl.plan.costs import CostModel
+
+FIGURES = tuple(field.name for field in fields(CostModel))
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used, with what is wrong in it."""
+
+
+class Figure(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    value: float = Field(ge=0)
+    unit: str = Field(min_length=1)
+    source: str = Field(min_length=1, description="Where the value comes from: a run, a record, a paper.")
+
+
+class CostProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    figures: dict[str, Figure]
+
+    @field_validator("figures")
+    @classmethod
+    def _every_figure_once(cls, figures: dict[str, Figure]) -> dict[str, Figure]:
+        unknown = sorted(set(figures) - set(FIGURES))
+        if unknown:
+            raise ValueError(f"unknown figure {', '.join(unknown)}; the figures are {', '.join(FIGURES)}")
+        missing = [name for name in FIGURES if name not in figures]
+        if missing:
+            raise ValueError(f"missing figure {', '.join(missing)}")
+        return figures
+
+    def cost_model(self) -> CostModel:
+        return CostModel(**{name: figure.value for name, figure in self.figures.items()})
+
+
+def load_profile(path: Path) -> CostProfile:
+    """The profile in ``path``; ``ProfileError`` naming the file and what is wrong with it."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ProfileError(f"profile {path}: cannot be read ({error.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ProfileError(f"profile {path}: not JSON ({error})") from None
+    try:
+        profile = CostProfile.model_validate(data)
+        profile.cost_model()  # the figures' own checks (a decode step that takes no time)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in problem['loc']) or 'profile'}: {problem['msg']}"
+            for problem in error.errors()
+        )
+        raise ProfileError(f"profile {path}: {problems}") from None
+    except ValueError as error:
+        raise ProfileError(f"profile {path}: {error}") from None
+    return profile

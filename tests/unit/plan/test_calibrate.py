@@ -1,0 +1,81 @@
+"""The fit behind ``pipelinerl plan calibrate`` on records whose costs are known (``plan/calibrate.py``);
+``test_tracking.py`` calibrates on a real run's records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelinerl.plan.calibrate import CalibrationError, calibrate, nonnegative_fit
+from pipelinerl.platform.tracking import metric_registry as registry
+
+
+def write_run(directory: Path, steps: list[dict], actor: list[dict]) -> Path:
+    directory.mkdir(parents=True)
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    (directory / "actor0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in actor))
+    return directory
+
+
+def step(tokens: int, samples: int = 32, broadcast_ms: float = 40.0) -> dict:
+    return {
+        registry.TRAINER_TOKENS: tokens,
+        registry.TRAINER_SAMPLES: samples,
+        registry.TRAINER_STEP_S: 0.5 + 1e-4 * tokens + 0.01 * samples,
+        registry.WEIGHTS_BROADCAST_MS: broadcast_ms,
+    }
+
+
+def actor(in_flight: int, pause_ms: float = 3.0) -> dict:
+    step_s = 0.02 + 0.001 * in_flight  # one decode step of in_flight sequences
+    return {
+        registry.ACTOR_IN_FLIGHT: in_flight,
+        registry.ACTOR_TOKENS_PER_S: in_flight / step_s,
+        registry.UPDATE_PAUSE_MS: pause_ms,
+    }
+
+
+def test_the_fit_recovers_known_costs_from_two_runs(tmp_path) -> None:
+    first = write_run(tmp_path / "a", [step(t) for t in (1000, 1500, 2200)], [actor(n) for n in (8, 16, 32)])
+    second = write_run(
+        tmp_path / "b", [step(t, samples=64, broadcast_ms=60) for t in (3000, 4100)], [actor(64, pause_ms=5)]
+    )
+    profile = calibrate([first, second], "known")
+    costs = profile.cost_model()
+    assert costs.train_base_s == pytest.approx(0.5)
+    assert costs.train_per_token_s == pytest.approx(1e-4)
+    assert costs.train_per_sequence_s == pytest.approx(0.01)  # the runs differ in B: it can be told apart
+    assert costs.decode_base_s == pytest.approx(0.02)
+    assert costs.decode_per_sequence_s == pytest.approx(0.001)
+    assert costs.transfer_s == pytest.approx(0.040)  # the median of 40, 40, 40, 60, 60 ms
+    assert costs.update_pause_s == pytest.approx(0.003)
+    assert "a, b" in profile.figures["train_base_s"].source
+
+
+def test_one_run_cannot_tell_a_per_sequence_cost_and_says_so(tmp_path) -> None:
+    run = write_run(tmp_path / "a", [step(t) for t in (1000, 1500, 2200)], [actor(n) for n in (8, 16)])
+    profile = calibrate([run], "one")
+    assert profile.figures["train_per_sequence_s"].value == 0.0
+    assert "trained B sequences" in profile.figures["train_per_sequence_s"].source
+    assert profile.figures["train_base_s"].value == pytest.approx(0.5 + 0.01 * 32)
+
+
+def test_a_negative_coefficient_is_dropped_and_the_rest_refitted() -> None:
+    # y = 2x exactly, plus a column that would take a negative coefficient
+    x, other = [1.0, 2.0, 3.0, 4.0], [1.0, 0.0, 1.0, 0.0]
+    y = [2 * a - 0.5 * b for a, b in zip(x, other, strict=True)]
+    coefficients = nonnegative_fit([x, other], y)
+    assert coefficients[1] == 0.0 and coefficients[0] > 0
+
+
+def test_runs_without_the_records_are_named(tmp_path) -> None:
+    with pytest.raises(CalibrationError, match="no metrics.jsonl"):
+        calibrate([tmp_path], "x")
+    short = write_run(tmp_path / "short", [step(1000)], [actor(8)])
+    with pytest.raises(CalibrationError, match="1 trainer steps recorded"):
+        calibrate([short], "x")
+    idle = write_run(tmp_path / "idle", [step(1000), step(2000)], [actor(0)])
+    with pytest.raises(CalibrationError, match="no actor record with sequences in flight"):
+        calibrate([idle], "x")

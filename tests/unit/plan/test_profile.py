@@ -1,0 +1,104 @@
+"""Cost profiles, lengths given on the command line, and the workload a config asks for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelinerl.plan.costs import CostModel
+from pipelinerl.plan.from_config import workload_from_config
+from pipelinerl.plan.lengths import FixedLengths, LogNormalLengths, parse_lengths
+from pipelinerl.plan.profile import FIGURES, ProfileError, load_profile
+from pipelinerl.platform.config import load_config
+
+
+def profile_data(**values: float) -> dict:
+    figures = {name: {"value": values.get(name, 0.0), "unit": "s", "source": "a test"} for name in FIGURES}
+    figures["decode_base_s"]["value"] = values.get("decode_base_s", 0.01)
+    return {"name": "test", "figures": figures}
+
+
+def write(tmp_path: Path, data: object) -> Path:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_profile_gives_its_cost_model(tmp_path) -> None:
+    profile = load_profile(write(tmp_path, profile_data(transfer_s=2.5)))
+    assert profile.cost_model() == CostModel(decode_base_s=0.01, transfer_s=2.5)
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda d: d["figures"].pop("transfer_s"), "missing figure transfer_s"),
+        (
+            lambda d: d["figures"].update(warp_s={"value": 1, "unit": "s", "source": "x"}),
+            "unknown figure warp_s",
+        ),
+        (lambda d: d["figures"]["transfer_s"].update(value=-1), "figures.transfer_s.value"),
+        (lambda d: d["figures"]["transfer_s"].pop("source"), "figures.transfer_s.source"),
+        (lambda d: d["figures"]["decode_base_s"].update(value=0), "decode_base_s"),
+    ],
+)
+def test_a_bad_profile_names_what_is_wrong(tmp_path, change, named) -> None:
+    data = profile_data()
+    change(data)
+    with pytest.raises(ProfileError, match=named):
+        load_profile(write(tmp_path, data))
+
+
+def test_an_unreadable_or_malformed_profile_names_the_file(tmp_path) -> None:
+    with pytest.raises(ProfileError, match="cannot be read"):
+        load_profile(tmp_path / "absent.json")
+    path = tmp_path / "broken.json"
+    path.write_text("{not json")
+    with pytest.raises(ProfileError, match=f"profile {path}: not JSON"):
+        load_profile(path)
+
+
+def test_lengths_from_the_command_line() -> None:
+    assert parse_lengths("fixed:300", 8192) == FixedLengths(300)
+    assert parse_lengths("fixed:9000", 8192) == FixedLengths(8192)  # a run cuts at max_new_tokens
+    lognormal = parse_lengths("lognormal:1000,2000", 8192)
+    assert isinstance(lognormal, LogNormalLengths) and lognormal.max_tokens == 8192
+    for bad in ("fixed", "fixed:1.5", "uniform:3", "lognormal:1000", "fixed:x"):
+        with pytest.raises(ValueError, match=f"lengths '{bad}'"):
+            parse_lengths(bad, 8192)
+
+
+def test_the_workload_of_a_config() -> None:
+    config = load_config(
+        None,
+        [
+            "run.mode=conventional",
+            "run.steps_per_round=8",
+            "run.train_during_round=false",
+            "rl.batch_size=64",
+            "rl.group_size=8",
+            "actor.num_actors=3",
+            "actor.max_in_flight=128",
+            "transport.queue_size=32",
+        ],
+    )
+    workload = workload_from_config(config, FixedLengths(10), prompt_tokens=50)
+    assert (workload.mode, workload.engines, workload.in_flight, workload.batch_size) == (
+        "conventional",
+        3,
+        128,
+        64,
+    )
+    assert (workload.steps_per_round, workload.train_during_round, workload.steps) == (
+        8,
+        False,
+        config.run.max_steps,
+    )
+    # the socket's 32 and batches_ahead (2) + G - 1 batches: more than the round of 512 it waits for
+    assert workload.queue_capacity == 32 + (2 + 7) * 64
+    pipeline = workload_from_config(config, FixedLengths(10), prompt_tokens=50, mode="pipeline")
+    assert pipeline.mode == "pipeline" and pipeline.steps_per_round == 1
+    with pytest.raises(ValueError, match="mode 'async' is not simulated yet"):
+        workload_from_config(config, FixedLengths(10), prompt_tokens=50, mode="async")
