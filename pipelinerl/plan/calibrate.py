@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from pipelinerl.plan.lengths import EmpiricalLengths
 from pipelinerl.plan.profile import CostProfile, Figure
 from pipelinerl.platform.tracking import metric_registry as registry
 
@@ -129,3 +130,21 @@ def calibrate(run_dirs: Iterable[Path], name: str) -> CostProfile:
     except ValueError as error:
         raise CalibrationError(f"{shown}: the fitted figures are unusable ({error})") from None
     return profile
+
+
+def completion_lengths(run_dirs: Iterable[Path]) -> EmpiricalLengths:
+    """The lengths of every completion the runs trained, from their per-token files
+    (``tokens/step_*_rank*.npz``: a completion's tokens are consecutive, its first at position 0)."""
+    lengths: list[int] = []
+    runs = [Path(run_dir) for run_dir in run_dirs]
+    for run in runs:
+        for path in sorted(run.glob("tokens/step_*_rank*.npz")):
+            with np.load(path) as tokens:
+                positions = tokens["token_positions"]
+            starts = np.flatnonzero(positions == 0)
+            lengths += np.diff(np.append(starts, len(positions))).tolist()
+    if not lengths:
+        raise CalibrationError(
+            f"{', '.join(str(run) for run in runs)}: no per-token files (tokens/step_*.npz)"
+        )
+    return EmpiricalLengths(lengths)

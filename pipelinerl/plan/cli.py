@@ -11,9 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pipelinerl.plan.calibrate import CalibrationError, calibrate
+from pipelinerl.plan.calibrate import CalibrationError, calibrate, completion_lengths
 from pipelinerl.plan.from_config import workload_from_config
-from pipelinerl.plan.lengths import LENGTH_FORMS, parse_lengths
+from pipelinerl.plan.lengths import LENGTH_FORMS, Lengths, parse_lengths
 from pipelinerl.plan.profile import ProfileError, load_profile
 from pipelinerl.plan.simulate import SimulatedRun, simulate
 from pipelinerl.platform.config import ConfigError, load_config
@@ -62,7 +62,10 @@ def plan_command(
         raise _fail(str(error)) from None
     try:
         costs = load_profile(profile).cost_model()
-        drawn = parse_lengths(lengths, resolved.actor.max_new_tokens)
+        if lengths.startswith("run:"):
+            drawn: Lengths = completion_lengths([Path(part) for part in lengths[4:].split(",")])
+        else:
+            drawn = parse_lengths(lengths, resolved.actor.max_new_tokens)
         workloads = {
             mode: workload_from_config(resolved, drawn, prompt_tokens, mode) for mode in modes.split(",")
         }

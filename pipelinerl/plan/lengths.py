@@ -86,11 +86,12 @@ class LogNormalLengths:
         return np.clip(drawn, 1, self.max_tokens)
 
 
-LENGTH_FORMS = "fixed:TOKENS or lognormal:MEAN,P90"
+LENGTH_FORMS = "fixed:TOKENS, lognormal:MEAN,P90 or run:RUN_DIR (a finished run's completions)"
 
 
 def parse_lengths(text: str, max_tokens: int) -> Lengths:
-    """``fixed:TOKENS`` or ``lognormal:MEAN,P90`` (cut at ``max_tokens``, the run's longest completion)."""
+    """``fixed:TOKENS`` or ``lognormal:MEAN,P90`` (cut at ``max_tokens``, the run's longest completion);
+    ``run:RUN_DIR`` is read by the command (``calibrate.completion_lengths``)."""
     kind, _, values = text.partition(":")
     try:
         numbers = [float(value) for value in values.split(",")] if values else []

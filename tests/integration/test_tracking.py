@@ -133,7 +133,7 @@ def test_plan_calibrates_a_profile_on_the_run_and_predicts_it(tracked_command, t
         f"--set=actor.max_in_flight={config.actor.max_in_flight}",
     ]
     predicted = subprocess.run(
-        [*command, "--profile", str(profile), "--lengths", "lognormal:20,40", "--json", "--modes", "pipeline"]
+        [*command, "--profile", str(profile), "--lengths", f"run:{run_dir}", "--json", "--modes", "pipeline"]
         + settings,
         capture_output=True,
         text=True,

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from pipelinerl.plan.calibrate import CalibrationError, calibrate, nonnegative_fit
+from pipelinerl.plan.calibrate import CalibrationError, calibrate, completion_lengths, nonnegative_fit
 from pipelinerl.platform.tracking import metric_registry as registry
 
 
@@ -79,3 +80,13 @@ def test_runs_without_the_records_are_named(tmp_path) -> None:
     idle = write_run(tmp_path / "idle", [step(1000), step(2000)], [actor(0)])
     with pytest.raises(CalibrationError, match="no actor record with sequences in flight"):
         calibrate([idle], "x")
+
+
+def test_completion_lengths_are_read_from_the_per_token_files(tmp_path) -> None:
+    (tmp_path / "tokens").mkdir()
+    for step, lengths in ((1, [3, 1, 4]), (2, [2])):
+        positions = np.concatenate([np.arange(n) for n in lengths]).astype(np.int32)
+        np.savez(tmp_path / "tokens" / f"step_{step:06d}_rank0.npz", token_positions=positions)
+    assert sorted(completion_lengths([tmp_path]).observed) == [1, 2, 3, 4]
+    with pytest.raises(CalibrationError, match="no per-token files"):
+        completion_lengths([tmp_path / "tokens"])
