@@ -86,10 +86,12 @@ def figures_table(runs: dict[str, SimulatedRun]) -> Table:
     rows = [
         ("time to the last step (s)", lambda r: f"{r.seconds:,.1f}"),
         ("samples/s", lambda r: f"{r.samples_per_s:,.2f}"),
+        ("samples/s after the first step", lambda r: f"{r.steady_samples_per_s:,.2f}"),
         ("tokens/s", lambda r: f"{r.tokens_per_s:,.0f}"),
         ("actor idle", lambda r: f"{r.actor_idle:.2f}"),
         ("actor paused for updates", lambda r: f"{r.actor_paused:.3f}"),
         ("trainer idle", lambda r: f"{r.trainer_idle:.2f}"),
+        ("trainer idle after the first step", lambda r: f"{r.steady_trainer_idle:.2f}"),
         ("lag mean / p90 / max", lambda r: f"{r.lag_mean:.2f} / {r.lag_p90} / {r.lag_max}"),
         ("sequences of 2+ versions", lambda r: f"{r.multi_version_sequences:,}"),
         ("dropped (max_lag)", lambda r: f"{r.dropped_stale:,}"),

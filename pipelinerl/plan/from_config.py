@@ -36,6 +36,7 @@ def workload_from_config(
         prompt_tokens=prompt_tokens,
         lengths=lengths,
         steps_per_round=rounds,
+        group_size=rl.group_size,
         train_during_round=run.train_during_round,
         max_lag=rl.max_lag,
         queue_capacity=capacity,

@@ -7,12 +7,15 @@ What is modelled, as the platform does it (``workers/``):
   is one event (``CostModel.decode_steps_s``), cut short when a weight update arrives: the step in
   progress ends, then the engine pauses (``update_pause_s``) and loads the new version **in flight**;
   the sequences it holds go on under it, so a sequence may be written by several versions.
-* **Admission**: ``pipeline`` refills every free slot at once (a prefill per prompt token);
-  ``conventional`` generates rounds of B·G sequences with one version: a round's prompts are admitted
-  only by engines holding that round's weights, and the next round starts when its weights arrive.
-* **The queue**: finished sequences wait for the trainer in arrival order, at most ``queue_capacity``
-  of them; an engine whose finished sequences find it full stops until there is room (the
-  backpressure ``transport.queue_size`` and ``transport.batches_ahead`` give a run).
+* **Admission**, in whole groups (the ``group_size`` samples of one prompt, admitted together;
+  a group larger than H goes alone): ``pipeline`` refills free slots at once (a prefill per prompt
+  token); ``conventional`` generates rounds of B·G sequences with one version: a round's prompts are
+  admitted only by engines holding that round's weights, and the next round starts when its weights
+  arrive.
+* **The queue**: a group is ready for the trainer when its last sample has finished; ready sequences
+  wait in the order their groups completed, at most ``queue_capacity`` of them; an engine whose
+  finished sequences find it full stops until there is room (the backpressure ``transport.queue_size``
+  and ``transport.batches_ahead`` give a run).
 * **The trainer** takes B sequences per step (``CostModel.train_step_s``): in ``pipeline`` mode as soon
   as B wait, publishing after every step; in ``conventional`` mode G steps per round, publishing after
   the G-th, taking the round's first steps while it is still generated only with ``train_during_round``.
@@ -20,8 +23,7 @@ What is modelled, as the platform does it (``workers/``):
   ends. ``max_lag`` drops a sequence with a token more than that many versions older than the policy
   that would train it, as the preprocessor does.
 
-Not modelled yet: the async mode, group completion (a batch of whole groups), ``recompute``, several
-trainer ranks apart from their step time.
+Not modelled yet: the async mode, ``recompute``, several trainer ranks apart from their step time.
 
 The figures (``SimulatedRun``) are those a run reports: samples and tokens per second, the engines'
 idle and paused shares of their time, the trainer's idle share, the lag of every trained token (the
@@ -57,6 +59,7 @@ class Workload:
     prompt_tokens: int
     lengths: Lengths
     steps_per_round: int = 1  # G, conventional mode
+    group_size: int = 1  # samples per prompt, admitted together and trained together
     train_during_round: bool = False
     max_lag: int | None = None
     # Sequences waiting for the trainer. None: two batches (pipeline), a round and a batch (conventional).
@@ -65,9 +68,13 @@ class Workload:
     def __post_init__(self) -> None:
         if self.mode not in SIMULATED_MODES:
             raise ValueError(f"mode={self.mode!r}: the simulator models {', '.join(SIMULATED_MODES)}")
-        for name in ("engines", "in_flight", "batch_size", "steps", "steps_per_round"):
+        for name in ("engines", "in_flight", "batch_size", "steps", "steps_per_round", "group_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: at least 1")
+        if self.batch_size % self.group_size:
+            raise ValueError(
+                f"batch_size={self.batch_size}: a multiple of group_size={self.group_size} (whole groups)"
+            )
         if self.prompt_tokens < 0:
             raise ValueError(f"prompt_tokens={self.prompt_tokens}: 0 or more")
         if self.max_lag is not None and self.max_lag < 0:
@@ -109,6 +116,10 @@ class SimulatedRun:
     actor_idle: float  # share of the engines' time with nothing to decode (waiting for work or room)
     actor_paused: float  # share of the engines' time spent taking weights in
     trainer_idle: float  # share of the time the trainer waited for a batch
+    # From the end of the first step to the end of the last: the pipeline once filled (what a run's
+    # records measure best: its stages start at different times).
+    steady_samples_per_s: float
+    steady_trainer_idle: float
     lag_mean: float
     lag_p90: int
     lag_max: int
@@ -121,6 +132,7 @@ class SimulatedRun:
 class _Sequence:
     prompt_tokens: int
     length: int
+    group: int
     written: int = 0
     versions: list[list[int]] = field(default_factory=list)  # [version, tokens] in order
 
@@ -172,12 +184,15 @@ class _Simulation:
         self.events: list[tuple[float, int, int, int, int]] = []  # time, order, kind, engine, generation
         self.order = 0
         self.engines = [_Engine() for _ in range(workload.engines)]
-        self.queue: deque[_Sequence] = deque()
+        self.queue: deque[_Sequence] = deque()  # ready: sequences of complete groups
+        self.incomplete: dict[int, list[_Sequence]] = {}  # group -> its finished samples so far
+        self.groups = 0  # groups admitted
         self.version = 0  # the trainer's policy version: optimizer steps taken
         self.trainer: Literal["waiting", "training", "publishing"] = "waiting"
         self.trainer_waiting_since: float | None = 0.0
         self.trainer_idle_s = 0.0
         self.end: float | None = None
+        self.first_step: tuple[float, float] | None = None  # its end, and the trainer's idle time then
         # conventional mode: the round's version, prompts not yet admitted, sequences not yet finished
         self.round_version = 0
         self.round_prompts = workload.round_size
@@ -226,7 +241,7 @@ class _Simulation:
             return
         admitted = self.admit(engine)
         if admitted:
-            prefill = self.costs.prefill_per_token_s * self.w.prompt_tokens * admitted
+            prefill = self.costs.prefill_per_token_s * self.w.prompt_tokens * admitted * self.w.group_size
             self.schedule(self.now + prefill, _ENGINE, index)
             return
         if engine.slots:
@@ -248,24 +263,31 @@ class _Simulation:
 
     def flush(self, engine: _Engine) -> bool:
         """Move the engine's finished sequences into the queue while there is room; True when all went."""
-        room = self.w.capacity - len(self.queue)
-        moving, engine.outbox = engine.outbox[:room], engine.outbox[room:]
-        self.queue.extend(moving)
-        self.round_unfinished -= len(moving)
-        if moving:
+        readied = False
+        while engine.outbox and len(self.queue) < self.w.capacity:
+            sequence = engine.outbox.pop(0)
+            group = self.incomplete.setdefault(sequence.group, [])
+            group.append(sequence)
+            if len(group) == self.w.group_size:  # the group's last sample: the group is ready
+                self.queue.extend(self.incomplete.pop(sequence.group))
+                self.round_unfinished -= self.w.group_size
+                readied = True
+        if readied:
             self.trainer_try_start()
         return not engine.outbox
 
     def admit(self, engine: _Engine) -> int:
-        free = self.w.in_flight - len(engine.slots)
+        """Admit whole groups into free slots (a group larger than H alone); returns the prompts."""
+        size = self.w.group_size
+        groups = max(0, (max(self.w.in_flight, size) - len(engine.slots)) // size)
         if self.w.mode == "conventional":
-            free = min(free, self.round_prompts) if engine.version == self.round_version else 0
-            self.round_prompts -= free
-        if free <= 0:
-            return 0
-        for length in self.w.lengths.sample(self.rng, free):
-            engine.slots.append(_Sequence(self.w.prompt_tokens, int(length)))
-        return free
+            groups = min(groups, self.round_prompts // size) if engine.version == self.round_version else 0
+            self.round_prompts -= groups * size
+        for _ in range(groups):
+            for length in self.w.lengths.sample(self.rng, size):
+                engine.slots.append(_Sequence(self.w.prompt_tokens, int(length), self.groups))
+            self.groups += 1
+        return groups
 
     def update_arrives(self, version: int) -> None:
         for index, engine in enumerate(self.engines):
@@ -333,6 +355,8 @@ class _Simulation:
         if self.trainer == "training":
             self.version += 1
             self.steps_in_round += 1
+            if self.first_step is None:
+                self.first_step = (self.now, self.trainer_idle_s)
             if self.version == self.w.steps:
                 self.end = self.now
                 return
@@ -365,6 +389,8 @@ class _Simulation:
             if cumulative >= 0.9 * total:
                 p90 = lag
                 break
+        first_end, idle_then = self.first_step or (0.0, 0.0)
+        steady = seconds - first_end
         return SimulatedRun(
             seconds=seconds,
             samples_per_s=self.trained_samples / seconds if seconds else 0.0,
@@ -372,6 +398,8 @@ class _Simulation:
             actor_idle=sum(e.idle_s for e in self.engines) / engine_time if engine_time else 0.0,
             actor_paused=sum(e.paused_s for e in self.engines) / engine_time if engine_time else 0.0,
             trainer_idle=self.trainer_idle_s / seconds if seconds else 0.0,
+            steady_samples_per_s=(self.trained_samples - self.w.batch_size) / steady if steady else 0.0,
+            steady_trainer_idle=(self.trainer_idle_s - idle_then) / steady if steady else 0.0,
             lag_mean=sum(lag * n for lag, n in self.lag_tokens.items()) / total if total else 0.0,
             lag_p90=p90,
             lag_max=lags[-1] if lags else 0,

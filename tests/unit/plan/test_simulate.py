@@ -69,15 +69,19 @@ def test_training_during_the_round_overlaps_its_first_steps() -> None:
     the long ones are written, so the round ends sooner than generation-then-training."""
     costs = CostModel(decode_base_s=0.1, train_base_s=0.5)
 
-    class TwoLengths:
-        def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
-            return np.array([5 if i % 2 == 0 else 20 for i in range(count)])
+    class TwoLengths:  # 5, 20, 5, 20, ... in the order drawn
+        drawn = 0
 
-    settings = dict(
-        mode="conventional", in_flight=4, batch_size=2, steps_per_round=2, steps=2, lengths=TwoLengths()
+        def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
+            lengths = [5 if (self.drawn + i) % 2 == 0 else 20 for i in range(count)]
+            self.drawn += count
+            return np.array(lengths)
+
+    settings: dict[str, object] = dict(
+        mode="conventional", in_flight=4, batch_size=2, steps_per_round=2, steps=2
     )
-    after = simulate(workload(**settings), costs)
-    during = simulate(workload(**settings, train_during_round=True), costs)
+    after = simulate(workload(**settings, lengths=TwoLengths()), costs)
+    during = simulate(workload(**settings, lengths=TwoLengths(), train_during_round=True), costs)
     assert after.seconds == pytest.approx(2.0 + 2 * 0.5)
     assert during.seconds == pytest.approx(2.0 + 0.5)  # the short pair trained from 0.5 s to 1.0 s
 
@@ -124,6 +128,7 @@ def test_a_lognormal_from_mean_and_p90_has_them() -> None:
     ("settings", "named"),
     [
         ({"engines": 0}, "engines=0"),
+        ({"batch_size": 6, "group_size": 4}, "batch_size=6: a multiple of group_size=4"),
         ({"in_flight": 0}, "in_flight=0"),
         ({"mode": "async"}, "mode='async'"),
         ({"batch_size": 4, "queue_capacity": 2}, "queue_capacity=2"),
@@ -148,3 +153,27 @@ def test_bad_costs_and_lengths_are_refused_naming_the_value() -> None:
         LogNormalLengths.from_mean_p90(mean=100, p90=10000, max_tokens=8192)
     with pytest.raises(ValueError, match="tokens=0"):
         FixedLengths(0)
+
+
+def test_a_group_is_trained_once_its_slowest_sample_has_finished() -> None:
+    """Groups of 2 drawn as (5, 20) tokens, one group in flight (H=2): every group waits for its
+    20-token sample, 2 s at 0.1 s a step, so a batch of one group every 2 s; every token at lag 0."""
+
+    class ShortThenLong:
+        def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
+            return np.array([5, 20][:count])
+
+    costs = CostModel(decode_base_s=0.1)
+    run = simulate(workload(in_flight=2, batch_size=2, group_size=2, steps=5, lengths=ShortThenLong()), costs)
+    assert run.seconds == pytest.approx(10.0)
+    assert run.lag_tokens == {0: 5 * 25}
+    assert run.actor_idle == pytest.approx(0.0)
+
+
+def test_the_steady_figures_start_at_the_first_step() -> None:
+    """The trainer-bound run above: after its first step, B samples per step and transfer exactly, and
+    the trainer never waits."""
+    costs = CostModel(decode_base_s=0.001, train_base_s=1.0, transfer_s=0.5)
+    run = simulate(workload(in_flight=64, batch_size=4, steps=10), costs)
+    assert run.steady_samples_per_s == pytest.approx(9 * 4 / (9 * 1.5))
+    assert run.steady_trainer_idle == pytest.approx(0.0)
