@@ -1,0 +1,101 @@
+"""The simulator against runs measured on this machine (docs/plan.md, issue 27's acceptance).
+
+Runs the embedded default experiment in several configurations (``pipelinerl run``, tracking off),
+then predicts each one with a profile calibrated on the *other* runs only (and their completion
+lengths), and prints measured beside predicted as a markdown table. A few minutes on 2 cores.
+
+    .venv/bin/python scripts/plan_validation.py /tmp/plan-validation [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipelinerl.plan.calibrate import calibrate, completion_lengths
+from pipelinerl.plan.from_config import workload_from_config
+from pipelinerl.plan.simulate import simulate
+from pipelinerl.platform.config import load_config
+from pipelinerl.platform.tracking import metric_registry as registry
+
+CONFIGURATIONS: dict[str, list[str]] = {
+    "pipeline, H=32": ["run.mode=pipeline", "actor.max_in_flight=32"],
+    "pipeline, H=16": ["run.mode=pipeline", "actor.max_in_flight=16"],
+    "pipeline, H=64, B=64": ["run.mode=pipeline", "actor.max_in_flight=64", "rl.batch_size=64"],
+    "conventional, G=4": ["run.mode=conventional", "run.steps_per_round=4"],
+    "conventional, G=4, strict": [
+        "run.mode=conventional",
+        "run.steps_per_round=4",
+        "run.train_during_round=false",
+    ],
+}
+PROMPT_TOKENS = 40  # the arithmetic task's prompts, in the character tokenizer's tokens (about)
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def measured(run_dir: Path) -> dict[str, float]:
+    """What the run's records say, from the end of its first step on (throughput, trainer waiting),
+    and over all its steps (the lag of every trained token, the actors' idle share)."""
+    steps = records(run_dir / "metrics.jsonl")
+    span = steps[-1][registry.TIME] - steps[0][registry.TIME]
+    histogram = [0] * max(len(s[registry.LAG_HISTOGRAM]) for s in steps)
+    for step in steps:
+        for lag, count in enumerate(step[registry.LAG_HISTOGRAM]):
+            histogram[lag] += count
+    tokens = sum(histogram)
+    actors = [
+        r for path in run_dir.glob("actor*.jsonl") for r in records(path) if registry.ACTOR_IDLE_FRACTION in r
+    ]
+    return {
+        "samples_per_s": sum(s[registry.TRAINER_SAMPLES] for s in steps[1:]) / span,
+        "trainer_idle": sum(s[registry.TRAINER_WAIT_S] for s in steps[1:]) / span,
+        "actor_idle": sum(r[registry.ACTOR_IDLE_FRACTION] for r in actors) / len(actors) if actors else 0.0,
+        "lag_mean": sum(lag * n for lag, n in enumerate(histogram)) / tokens,
+        "lag_max": max(lag for lag, n in enumerate(histogram) if n),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    runs: dict[str, Path] = {}
+    for index, (name, settings) in enumerate(CONFIGURATIONS.items()):
+        output = args.directory / f"config{index}"
+        if not list(output.glob("*/summary.json")):
+            print(f"running {name} ...", file=sys.stderr, flush=True)
+            command = [sys.executable, "-m", "pipelinerl.cli", "run", "-s", f"run.output_dir={output}"]
+            for setting in [f"run.max_steps={args.steps}", "tracking.enabled=false", *settings]:
+                command += ["-s", setting]
+            subprocess.run(command, check=True, capture_output=True, text=True)
+        (runs[name],) = [path.parent for path in output.glob("*/summary.json")]
+    print(
+        "| configuration | samples/s measured / predicted | trainer idle | actor idle | lag mean | lag max |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name, run_dir in runs.items():
+        others = [other for key, other in runs.items() if key != name]
+        costs = calibrate(others, "others").cost_model()
+        config = load_config(None, [f"run.max_steps={args.steps}", *CONFIGURATIONS[name]])
+        workload = workload_from_config(config, completion_lengths(others), PROMPT_TOKENS)
+        predicted = simulate(workload, costs)
+        seen = measured(run_dir)
+        error = predicted.steady_samples_per_s / seen["samples_per_s"] - 1
+        print(
+            f"| {name} | {seen['samples_per_s']:.1f} / {predicted.steady_samples_per_s:.1f} ({error:+.0%}) "
+            f"| {seen['trainer_idle']:.2f} / {predicted.steady_trainer_idle:.2f} "
+            f"| {seen['actor_idle']:.2f} / {predicted.actor_idle:.2f} "
+            f"| {seen['lag_mean']:.2f} / {predicted.lag_mean:.2f} | {seen['lag_max']} / {predicted.lag_max} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
