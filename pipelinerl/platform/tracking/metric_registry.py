@@ -48,6 +48,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pipelinerl.platform.tracking.trainer_cycle import trainer_idle_fraction, trainer_tokens_per_s
+
 Owner = Literal["trainer", "actor", "preprocessor", "eval", "launcher", "tracker", "record"]
 # Where a key appears: a stage's record file, MLflow, summary.json.
 Record = Literal["trainer", "actor", "preprocessor", "preprocessor_final", "eval", "summary"]
@@ -90,31 +92,7 @@ class Metric:
         return None if self.stored is None else self.stored.split(".")[1]
 
 
-# ----- derivations -----
-
-
-def trainer_cycle_s(step_s: float, wait_s: float, broadcast_ms: float) -> float:
-    """Seconds of one trainer cycle (or of a window of cycles, given sums): training the step, the
-    weight broadcast that follows it, and the wait for the next batch."""
-    return step_s + broadcast_ms / 1000 + wait_s
-
-
-def trainer_tokens_per_s(tokens: float, step_s: float, wait_s: float, broadcast_ms: float) -> float | None:
-    """Tokens trained per second of the trainer's cycle: ``tokens / (step_s + broadcast_s + wait_s)``.
-
-    The broadcast counts as time the trainer is busy, not idle: rank 0 gathers and sends the weights
-    and no step can start meanwhile, so a slow broadcast lowers throughput and leaves the idle
-    fraction alone (the dashboard once left it out of both, which overstated its tokens/s beside
-    MLflow's). None for a cycle of no time."""
-    cycle = trainer_cycle_s(step_s, wait_s, broadcast_ms)
-    return tokens / cycle if cycle > 0 else None
-
-
-def trainer_idle_fraction(step_s: float, wait_s: float, broadcast_ms: float) -> float | None:
-    """The share of the trainer's cycle spent waiting for a batch: ``wait_s / (step_s + broadcast_s +
-    wait_s)`` (the broadcast is busy time, see ``trainer_tokens_per_s``). None for no time."""
-    cycle = trainer_cycle_s(step_s, wait_s, broadcast_ms)
-    return wait_s / cycle if cycle > 0 else None
+# ----- derivations (the formulas: trainer_cycle.py) -----
 
 
 def _trainer_inputs(record: Mapping[str, Any]) -> tuple[float, float, float]:
