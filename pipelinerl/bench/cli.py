@@ -399,7 +399,7 @@ def learning(
             targets["ess_mean_pipeline"] = target_check(
                 headline.get("ess_mean_pipeline"), at_least=baseline_ess
             )
-    from pipelinerl.bench.learning import TABLE_HEADERS, table_rows
+    from pipelinerl.bench.learning_tables import TABLE_HEADERS, table_rows
     from pipelinerl.bench.report import markdown_table
 
     finish(
@@ -493,14 +493,8 @@ def faults(
 def _learning_from_record(path: Path, target_gain: float, out: Path | None) -> None:
     import json
 
-    from pipelinerl.bench.learning import (
-        TABLE_HEADERS,
-        results_from_record,
-        retarget,
-        save_overlay,
-        summarize_bench,
-        table_rows,
-    )
+    from pipelinerl.bench.learning import results_from_record, retarget, save_overlay, summarize_bench
+    from pipelinerl.bench.learning_tables import TABLE_HEADERS, table_rows
     from pipelinerl.bench.report import load_average, markdown_table, target_check
     from pipelinerl.platform.tracking.ratios import times_faster_key
 
@@ -549,7 +543,8 @@ def figures(
 ) -> None:
     """The paper's figure set (lag by token position, lag histogram, ESS by step, reward against wall
     time) drawn again from finished runs, e.g. those of a ``bench learning`` record, without re-running."""
-    from pipelinerl.bench.learning import CLAIM_HEADERS, claim_rows, redraw_paper_figures
+    from pipelinerl.bench.learning import redraw_paper_figures
+    from pipelinerl.bench.learning_tables import CLAIM_HEADERS, claim_rows
     from pipelinerl.bench.report import markdown_table
 
     try:

@@ -19,12 +19,12 @@ from pipelinerl.bench.learning import (
     split_cores,
     success_curve,
     summarize_bench,
-    table_rows,
     time_to_target,
     times_faster_than_baselines,
     variant_label,
     variants,
 )
+from pipelinerl.bench.learning_tables import table_rows
 
 
 def record(version: int, wall: float, samples: int) -> dict:
