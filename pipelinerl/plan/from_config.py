@@ -40,4 +40,5 @@ def workload_from_config(
         train_during_round=run.train_during_round,
         max_lag=rl.max_lag,
         queue_capacity=capacity,
+        batches_ahead=transport.batches_ahead,
     )

@@ -16,12 +16,15 @@ What is modelled, as the platform does it (``workers/``):
   wait in the order their groups completed, at most ``queue_capacity`` of them; an engine whose
   finished sequences find it full stops until there is room (the backpressure ``transport.queue_size``
   and ``transport.batches_ahead`` give a run).
-* **The trainer** takes B sequences per step (``CostModel.train_step_s``): in ``pipeline`` mode as soon
-  as B wait, publishing after every step; in ``conventional`` mode G steps per round, publishing after
+* **The preprocessor** builds a batch of B ready sequences as soon as they are there, while fewer than
+  ``batches_ahead`` batches are built or training (``transport.batches_ahead``; conventional mode adds
+  G - 1): with 2, a batch's sequences are chosen a step before it trains.
+* **The trainer** trains the built batches in order (``CostModel.train_step_s``): in ``pipeline`` mode
+  publishing after every step; in ``conventional`` mode G steps per round, publishing after
   the G-th, taking the round's first steps while it is still generated only with ``train_during_round``.
   A publication holds the trainer for the transfer (``transfer_s``); the engines get the weights when it
   ends. ``max_lag`` drops a sequence with a token more than that many versions older than the policy
-  that would train it, as the preprocessor does.
+  its batch would train, as the preprocessor does.
 
 Not modelled yet: the async mode, ``recompute``, several trainer ranks apart from their step time.
 
@@ -64,11 +67,20 @@ class Workload:
     max_lag: int | None = None
     # Sequences waiting for the trainer. None: two batches (pipeline), a round and a batch (conventional).
     queue_capacity: int | None = None
+    batches_ahead: int = 2  # transport.batches_ahead: batches built or training at once
 
     def __post_init__(self) -> None:
         if self.mode not in SIMULATED_MODES:
             raise ValueError(f"mode={self.mode!r}: the simulator models {', '.join(SIMULATED_MODES)}")
-        for name in ("engines", "in_flight", "batch_size", "steps", "steps_per_round", "group_size"):
+        for name in (
+            "engines",
+            "in_flight",
+            "batch_size",
+            "steps",
+            "steps_per_round",
+            "group_size",
+            "batches_ahead",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: at least 1")
         if self.batch_size % self.group_size:
@@ -100,6 +112,11 @@ class Workload:
     @property
     def waits_for_round(self) -> bool:
         return self.mode == "conventional" and not self.train_during_round
+
+    @property
+    def ahead(self) -> int:
+        """Batches built or training at once (conventional mode adds the round's G - 1)."""
+        return self.batches_ahead + (self.steps_per_round - 1 if self.mode == "conventional" else 0)
 
     @property
     def capacity(self) -> int:
@@ -185,6 +202,7 @@ class _Simulation:
         self.order = 0
         self.engines = [_Engine() for _ in range(workload.engines)]
         self.queue: deque[_Sequence] = deque()  # ready: sequences of complete groups
+        self.batches: deque[list[_Sequence]] = deque()  # built by the preprocessor, not yet training
         self.incomplete: dict[int, list[_Sequence]] = {}  # group -> its finished samples so far
         self.groups = 0  # groups admitted
         self.version = 0  # the trainer's policy version: optimizer steps taken
@@ -315,14 +333,33 @@ class _Simulation:
 
     # ----- the trainer --------------------------------------------------------------------------------
 
-    def trainer_try_start(self) -> None:
-        if self.trainer != "waiting":
-            return
+    def build_batches(self) -> None:
+        """The preprocessor: B ready sequences make a batch as soon as they are there, while fewer than
+        ``batches_ahead`` batches are built or training (so with 2, one waits while one trains: a
+        batch's sequences are chosen a step before it trains). ``max_lag`` drops a sequence against the
+        version its batch will train at; a strict round is held back until it is whole."""
         if self.w.waits_for_round and self.round_unfinished > 0:
-            return  # generation, then training
-        batch = self.take_batch()
-        if batch is None:
             return
+        while len(self.queue) >= self.w.batch_size:
+            ahead = len(self.batches) + (self.trainer == "training")
+            if ahead >= self.w.ahead:
+                return
+            if self.w.max_lag is not None:
+                trains_at = self.version + ahead
+                kept = [s for s in self.queue if trains_at - s.versions[0][0] <= self.w.max_lag]
+                if len(kept) < len(self.queue):
+                    self.dropped += len(self.queue) - len(kept)
+                    self.queue = deque(kept)
+                    self.wake_blocked()  # room again
+                    continue
+            self.batches.append([self.queue.popleft() for _ in range(self.w.batch_size)])
+            self.wake_blocked()
+
+    def trainer_try_start(self) -> None:
+        self.build_batches()
+        if self.trainer != "waiting" or not self.batches:
+            return
+        batch = self.batches.popleft()
         assert self.trainer_waiting_since is not None
         self.trainer_idle_s += self.now - self.trainer_waiting_since
         self.trainer_waiting_since = None
@@ -336,19 +373,7 @@ class _Simulation:
         self.trained_tokens += tokens
         self.trainer = "training"
         self.schedule(self.now + self.costs.train_step_s(tokens, len(batch)), _TRAINER)
-        self.wake_blocked()
-
-    def take_batch(self) -> list[_Sequence] | None:
-        """B sequences from the queue's head, dropping those past ``max_lag``; None until B wait."""
-        if self.w.max_lag is not None:
-            kept = [s for s in self.queue if self.version - s.versions[0][0] <= self.w.max_lag]
-            if len(kept) < len(self.queue):
-                self.dropped += len(self.queue) - len(kept)
-                self.queue = deque(kept)
-                self.wake_blocked()  # room again
-        if len(self.queue) < self.w.batch_size:
-            return None
-        return [self.queue.popleft() for _ in range(self.w.batch_size)]
+        self.build_batches()
 
     def trainer_ready(self) -> None:
         """The trainer's step or its publication ended."""

@@ -177,3 +177,15 @@ def test_the_steady_figures_start_at_the_first_step() -> None:
     run = simulate(workload(in_flight=64, batch_size=4, steps=10), costs)
     assert run.steady_samples_per_s == pytest.approx(9 * 4 / (9 * 1.5))
     assert run.steady_trainer_idle == pytest.approx(0.0)
+
+
+def test_batches_built_ahead_are_chosen_a_step_before_they_train() -> None:
+    """A trainer-bound run: each batch built ahead waits a step longer, so its tokens are older by
+    about a version per batch allowed ahead; the throughput is the trainer's either way."""
+    costs = CostModel(decode_base_s=0.01, train_base_s=1.0, transfer_s=0.1)
+    runs = [
+        simulate(workload(in_flight=8, batch_size=4, steps=30, batches_ahead=ahead, queue_capacity=64), costs)
+        for ahead in (1, 2, 3)
+    ]
+    assert runs[0].lag_mean < runs[1].lag_mean < runs[2].lag_mean
+    assert runs[0].steady_samples_per_s == pytest.approx(runs[2].steady_samples_per_s)
