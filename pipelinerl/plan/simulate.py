@@ -36,6 +36,7 @@ by two or more versions.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -147,24 +148,10 @@ class SimulatedRun:
 
 @dataclass
 class _Sequence:
-    prompt_tokens: int
     length: int
     group: int
-    written: int = 0
-    versions: list[list[int]] = field(default_factory=list)  # [version, tokens] in order
-
-    def write(self, tokens: int, version: int) -> None:
-        if tokens == 0:
-            return
-        if self.versions and self.versions[-1][0] == version:
-            self.versions[-1][1] += tokens
-        else:
-            self.versions.append([version, tokens])
-        self.written += tokens
-
-    @property
-    def context(self) -> int:
-        return self.prompt_tokens + self.written
+    start: int  # the engine's decode-step count when it was admitted: it ends at start + length
+    versions: list[list[int]] = field(default_factory=list)  # [version, tokens] in order, once finished
 
 
 @dataclass
@@ -179,7 +166,17 @@ class _Chunk:
 
 @dataclass
 class _Engine:
-    slots: list[_Sequence] = field(default_factory=list)
+    """An engine's sequences are kept by the decode step they end at (a heap), so a run of decode steps
+    costs O(log H) whatever H is: every sequence in flight gains a token per step, so the engine counts
+    its steps (``steps``) and a sequence's tokens are the steps since it started; which version wrote
+    which of them is read off the engine's ``timeline`` of loads when it finishes."""
+
+    slots: dict[int, _Sequence] = field(default_factory=dict)
+    ends: list[tuple[int, int]] = field(default_factory=list)  # heap of (the step it ends at, its key)
+    starts: int = 0  # the sum of the slots' ``start``: their context is n·prompt + n·steps - starts
+    steps: int = 0  # decode steps taken
+    timeline_at: list[int] = field(default_factory=lambda: [0])  # the step from which each version writes
+    timeline: list[int] = field(default_factory=lambda: [0])  # ... and that version
     version: int = 0
     pending: int | None = None  # a version that has arrived and is not loaded yet
     chunk: _Chunk | None = None
@@ -191,6 +188,19 @@ class _Engine:
 
 
 _ENGINE, _TRAINER = 0, 1  # what an event ends: an engine's work, or the trainer's
+
+
+def written_by(engine: _Engine, start: int, end: int) -> list[list[int]]:
+    """[version, tokens] of the engine's decode steps ``start`` to ``end``, from its timeline of loads."""
+    index = bisect.bisect_right(engine.timeline_at, start) - 1
+    written: list[list[int]] = []
+    while index < len(engine.timeline_at) and engine.timeline_at[index] < end:
+        following = engine.timeline_at[index + 1] if index + 1 < len(engine.timeline_at) else end
+        tokens = min(following, end) - max(engine.timeline_at[index], start)
+        if tokens > 0:
+            written.append([engine.timeline[index], tokens])
+        index += 1
+    return written
 
 
 class _Simulation:
@@ -205,6 +215,7 @@ class _Simulation:
         self.batches: deque[list[_Sequence]] = deque()  # built by the preprocessor, not yet training
         self.incomplete: dict[int, list[_Sequence]] = {}  # group -> its finished samples so far
         self.groups = 0  # groups admitted
+        self.sequences = 0  # sequences admitted (each one's key)
         self.version = 0  # the trainer's policy version: optimizer steps taken
         self.trainer: Literal["waiting", "training", "publishing"] = "waiting"
         self.trainer_waiting_since: float | None = 0.0
@@ -254,6 +265,8 @@ class _Simulation:
             return
         if engine.pending is not None:  # between two decode steps: take the new weights in
             engine.version, engine.pending = engine.pending, None
+            engine.timeline_at.append(engine.steps)
+            engine.timeline.append(engine.version)
             engine.paused_s += self.costs.update_pause_s
             self.schedule(self.now + self.costs.update_pause_s, _ENGINE, index)
             return
@@ -263,8 +276,9 @@ class _Simulation:
             self.schedule(self.now + prefill, _ENGINE, index)
             return
         if engine.slots:
-            steps = min(sequence.length - sequence.written for sequence in engine.slots)
-            in_flight, context = len(engine.slots), sum(sequence.context for sequence in engine.slots)
+            steps = engine.ends[0][0] - engine.steps
+            in_flight = len(engine.slots)
+            context = in_flight * (self.w.prompt_tokens + engine.steps) - engine.starts
             engine.chunk = _Chunk(self.now, steps, in_flight, context)
             self.schedule(self.now + self.costs.decode_steps_s(steps, in_flight, context), _ENGINE, index)
             return
@@ -272,12 +286,14 @@ class _Simulation:
 
     def finish_chunk(self, engine: _Engine) -> None:
         assert engine.chunk is not None
-        steps, engine.chunk = engine.chunk.steps, None
-        still: list[_Sequence] = []
-        for sequence in engine.slots:
-            sequence.write(steps, engine.version)
-            (engine.outbox if sequence.written == sequence.length else still).append(sequence)
-        engine.slots = still
+        engine.steps += engine.chunk.steps
+        engine.chunk = None
+        while engine.ends and engine.ends[0][0] == engine.steps:
+            _, key = heapq.heappop(engine.ends)
+            sequence = engine.slots.pop(key)
+            engine.starts -= sequence.start
+            sequence.versions = written_by(engine, sequence.start, engine.steps)
+            engine.outbox.append(sequence)
 
     def flush(self, engine: _Engine) -> bool:
         """Move the engine's finished sequences into the queue while there is room; True when all went."""
@@ -303,7 +319,11 @@ class _Simulation:
             self.round_prompts -= groups * size
         for _ in range(groups):
             for length in self.w.lengths.sample(self.rng, size):
-                engine.slots.append(_Sequence(self.w.prompt_tokens, int(length), self.groups))
+                sequence = _Sequence(int(length), self.groups, engine.steps)
+                engine.slots[self.sequences] = sequence
+                heapq.heappush(engine.ends, (engine.steps + sequence.length, self.sequences))
+                engine.starts += engine.steps
+                self.sequences += 1
             self.groups += 1
         return groups
 

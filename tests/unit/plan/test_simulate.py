@@ -7,7 +7,7 @@ import pytest
 
 from pipelinerl.plan.costs import CostModel
 from pipelinerl.plan.lengths import FixedLengths, LogNormalLengths
-from pipelinerl.plan.simulate import Workload, simulate
+from pipelinerl.plan.simulate import Workload, _Engine, simulate, written_by
 
 
 def workload(**settings) -> Workload:
@@ -189,3 +189,10 @@ def test_batches_built_ahead_are_chosen_a_step_before_they_train() -> None:
     ]
     assert runs[0].lag_mean < runs[1].lag_mean < runs[2].lag_mean
     assert runs[0].steady_samples_per_s == pytest.approx(runs[2].steady_samples_per_s)
+
+
+def test_a_sequence_s_tokens_are_split_by_the_versions_the_engine_loaded_meanwhile() -> None:
+    engine = _Engine(timeline_at=[0, 10, 10, 25], timeline=[0, 1, 2, 3])  # v1 replaced at once by v2
+    assert written_by(engine, 5, 30) == [[0, 5], [2, 15], [3, 5]]
+    assert written_by(engine, 10, 20) == [[2, 10]]
+    assert written_by(engine, 26, 27) == [[3, 1]]
