@@ -9,14 +9,25 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from pipelinerl.plan.calibrate import CalibrationError, calibrate, completion_lengths
-from pipelinerl.plan.from_config import workload_from_config
+from pipelinerl.plan.cluster import CLUSTER_FORM, Cluster, parse_cluster
+from pipelinerl.plan.figures import sweep_figure
 from pipelinerl.plan.lengths import LENGTH_FORMS, Lengths, parse_lengths
-from pipelinerl.plan.profile import ProfileError, load_profile
-from pipelinerl.plan.simulate import SimulatedRun, simulate
-from pipelinerl.platform.config import ConfigError, load_config
+from pipelinerl.plan.predict import (
+    SWEEP_FORM,
+    Sweep,
+    SweepPoint,
+    parse_sweep,
+    predict,
+    recommend,
+    sweep_points,
+)
+from pipelinerl.plan.profile import CostProfile, ProfileError, resolve_profile, shipped_profiles
+from pipelinerl.plan.simulate import SimulatedRun
+from pipelinerl.platform.config import ConfigError, PipelineConfig, load_config
 
 console = Console()
 plan_app = typer.Typer(
@@ -34,7 +45,10 @@ def _fail(message: str) -> typer.Exit:
 def plan_command(
     context: typer.Context,
     profile: Annotated[
-        Path | None, typer.Option("--profile", "-p", help="Cost profile (JSON: plan/profile.py).")
+        str | None,
+        typer.Option(
+            "--profile", "-p", help="Cost profile: a JSON file, or a shipped one's name (plan profiles)."
+        ),
     ] = None,
     lengths: Annotated[
         str | None, typer.Option("--lengths", help=f"Completion lengths: {LENGTH_FORMS}.")
@@ -43,42 +57,145 @@ def plan_command(
     set_: Annotated[
         list[str] | None, typer.Option("--set", "-s", help="Override a setting (repeatable).")
     ] = None,
+    cluster: Annotated[
+        str | None, typer.Option("--cluster", help=f"Plan for this cluster (a GPU profile): {CLUSTER_FORM}.")
+    ] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help=f"Vary one setting: {SWEEP_FORM}.")] = None,
     modes: Annotated[
-        str, typer.Option("--modes", help="Modes to simulate, comma-separated.")
+        str,
+        typer.Option(
+            "--modes",
+            help="Modes to simulate, comma-separated: pipeline, conventional, async, colocated (conventional "
+            "rounds on every GPU of --cluster: the published baselines').",
+        ),
     ] = "pipeline,conventional",
     prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=0, help="Tokens per prompt.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the drawn lengths.")] = 0,
+    figure: Annotated[
+        Path | None, typer.Option("--figure", help="With --sweep: write its figure here (.png or .svg).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Predict the configuration's run before launching it: simulated in each mode under a cost
-    profile (samples/s, idle shares, lag)."""
+    profile (samples/s, idle shares, lag), on a cluster, or across a sweep of one setting."""
     if context.invoked_subcommand is not None:
         return
     if profile is None or lengths is None:
-        raise _fail("give --profile PROFILE.json and --lengths (" + LENGTH_FORMS + ")")
+        raise _fail("give --profile (a file or a shipped name) and --lengths (" + LENGTH_FORMS + ")")
+    sets = set_ or []
     try:
-        resolved = load_config(config, set_ or [])
-    except ConfigError as error:
-        raise _fail(str(error)) from None
-    try:
-        costs = load_profile(profile).cost_model()
-        if lengths.startswith("run:"):
-            drawn: Lengths = completion_lengths([Path(part) for part in lengths[4:].split(",")])
+        resolved = load_config(config, sets)
+        chosen = resolve_profile(profile)
+        drawn = lengths_from(lengths, resolved.actor.max_new_tokens)
+        mode_list = [mode.strip() for mode in modes.split(",") if mode.strip()]
+        planned = parse_cluster(cluster) if cluster else None
+        if sweep is None:
+            runs = predict(resolved, chosen, drawn, mode_list, prompt_tokens, planned, seed)
         else:
-            drawn = parse_lengths(lengths, resolved.actor.max_new_tokens)
-        workloads = {
-            mode: workload_from_config(resolved, drawn, prompt_tokens, mode) for mode in modes.split(",")
-        }
-    except (ProfileError, ValueError) as error:
+            axis = parse_sweep(sweep)
+            points = swept(
+                axis, config, sets, chosen, drawn, mode_list, prompt_tokens, planned, seed, as_json
+            )
+    except (ConfigError, ProfileError, ValueError) as error:  # ClusterError is a ValueError
         raise _fail(str(error)) from None
-    runs = {mode: simulate(workload, costs, seed) for mode, workload in workloads.items()}
+    if sweep is None:
+        show_runs(runs, as_json, planned)
+        return
+    best, reason = recommend(points, mode_list[0], axis.name)
+    if figure is not None:
+        title = f"{chosen.name}" + (f", {planned}" if planned else "") + f": {axis.name} swept"
+        sweep_figure(points, axis.name, best, title).savefig(figure, dpi=120)
+    if as_json:
+        print(json.dumps(sweep_json(axis.name, points, best, reason), indent=2))
+        return
+    console.print(sweep_table(axis.name, points))
+    console.print(f"recommended: {reason}", highlight=False, soft_wrap=True)
+    if figure is not None:
+        console.print(f"figure written to {figure}", highlight=False)
+
+
+def lengths_from(text: str, max_new_tokens: int) -> Lengths:
+    if text.startswith("run:"):
+        return completion_lengths([Path(part) for part in text[4:].split(",")])
+    return parse_lengths(text, max_new_tokens)
+
+
+def swept(
+    axis: Sweep,
+    config: Path | None,
+    sets: list[str],
+    profile: CostProfile,
+    lengths: Lengths,
+    modes: list[str],
+    prompt_tokens: int,
+    cluster: Cluster | None,
+    seed: int,
+    quiet: bool,
+) -> list[SweepPoint]:
+    """Every point of the sweep, with a progress bar unless the output is JSON."""
+    base = load_config(config, sets)
+
+    def config_for(value: int | None) -> PipelineConfig:
+        return base if value is None else load_config(config, [*sets, f"{axis.name}={value}"])
+
+    points = sweep_points(axis, config_for, profile, lengths, modes, prompt_tokens, cluster, seed)
+    with Progress(console=console, disable=quiet, transient=True) as progress:
+        task = progress.add_task(f"sweeping {axis.name}", total=len(axis.values))
+        done = []
+        for point in points:
+            done.append(point)
+            progress.advance(task)
+    return done
+
+
+def show_runs(runs: dict[str, SimulatedRun], as_json: bool, cluster: Cluster | None) -> None:
     if as_json:
         print(json.dumps({mode: asdict(run) for mode, run in runs.items()}, indent=2))
         return
+    if cluster is not None:
+        console.print(f"on {cluster}", highlight=False)
     console.print(figures_table(runs))
-    if "pipeline" in runs and "conventional" in runs:
-        speedup = runs["pipeline"].samples_per_s / runs["conventional"].samples_per_s
-        console.print(f"pipeline / conventional: {speedup:.2f}x samples/s", highlight=False)
+    first, *others = list(runs)
+    for other in others:
+        ratio = runs[first].samples_per_s / runs[other].samples_per_s if runs[other].samples_per_s else 0.0
+        console.print(
+            f"{first} / {other}: {ratio:.2f}x samples/s; {runs[first].seconds:,.0f} s against "
+            f"{runs[other].seconds:,.0f} s to the same {runs[first].samples:,} samples",
+            highlight=False,
+        )
+
+
+def sweep_table(name: str, points: list[SweepPoint]) -> Table:
+    modes = list(points[0].runs) if points else []
+    table = Table(
+        name, *(f"{mode} samples/s" for mode in modes), *(f"{mode} idle actors/trainer" for mode in modes)
+    )
+    table.add_column(f"{modes[0]} lag mean/max" if modes else "lag")
+    for point in points:
+        runs = [point.runs[mode] for mode in modes]
+        table.add_row(
+            str(point.value),
+            *(f"{run.samples_per_s:,.2f}" for run in runs),
+            *(f"{run.actor_idle:.2f} / {run.trainer_idle:.2f}" for run in runs),
+            f"{runs[0].lag_mean:.2f} / {runs[0].lag_max}" if runs else "",
+        )
+    return table
+
+
+def sweep_json(name: str, points: list[SweepPoint], best: SweepPoint, reason: str) -> dict[str, object]:
+    return {
+        "swept": name,
+        "recommended": best.value,
+        "reason": reason,
+        "points": [
+            {
+                "value": point.value,
+                "cluster": str(point.cluster) if point.cluster else None,
+                "runs": {mode: asdict(run) for mode, run in point.runs.items()},
+            }
+            for point in points
+        ],
+    }
 
 
 def figures_table(runs: dict[str, SimulatedRun]) -> Table:
@@ -118,3 +235,20 @@ def calibrate_command(
         table.add_row(figure_name, f"{figure.value:.4g}", figure.unit, figure.source)
     console.print(table)
     console.print(f"profile written to {out}", highlight=False)
+
+
+@plan_app.command("profiles")
+def profiles_command() -> None:
+    """The shipped cost profiles: name, hardware, what they describe."""
+    table = Table("name", "hardware", "description")
+    for name in shipped_profiles():
+        profile = resolve_profile(name)
+        hardware = profile.hardware
+        where = (
+            f"{hardware.model_params_b:g}B, {hardware.gpus_per_engine}x{hardware.gpu} an engine, trainer "
+            f"figures on {hardware.trainer_gpus}"
+            if hardware
+            else "as calibrated (no cluster scaling)"
+        )
+        table.add_row(name, where, profile.description)
+    console.print(table)

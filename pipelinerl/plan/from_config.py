@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from pipelinerl.plan.lengths import Lengths
-from pipelinerl.plan.simulate import SIMULATED_MODES, SimulatedMode, Workload
+from pipelinerl.plan.workload import SIMULATED_MODES, SimulatedMode, Workload
 from pipelinerl.platform.config import PipelineConfig
 
 
@@ -18,10 +20,8 @@ def workload_from_config(
     only once its round is generated holds the whole round."""
     mode = mode or config.run.mode
     if mode not in SIMULATED_MODES:
-        raise ValueError(
-            f"mode {mode!r} is not simulated yet; the simulator models {', '.join(SIMULATED_MODES)}"
-        )
-    simulated: SimulatedMode = "pipeline" if mode == "pipeline" else "conventional"
+        raise ValueError(f"mode {mode!r}: the simulator models {', '.join(SIMULATED_MODES)}")
+    simulated = cast(SimulatedMode, mode)
     rl, run, transport = config.rl, config.run, config.transport
     rounds = run.steps_per_round if simulated == "conventional" else 1
     capacity = transport.queue_size + (transport.batches_ahead + rounds - 1) * rl.batch_size
@@ -41,4 +41,6 @@ def workload_from_config(
         max_lag=rl.max_lag,
         queue_capacity=capacity,
         batches_ahead=transport.batches_ahead,
+        drain_lag=run.async_drain_lag,
+        recompute=simulated == "pipeline" and config.actor.kv_cache_on_update == "recompute",
     )

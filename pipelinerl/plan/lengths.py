@@ -3,7 +3,10 @@
 * ``FixedLengths``: every sequence the same (the case where the paper's advantage shrinks);
 * ``EmpiricalLengths``: drawn from the lengths of a finished run (its token files);
 * ``LogNormalLengths``: a lognormal given the mean and the 90th percentile, cut at the longest a run
-  allows (``actor.max_new_tokens``; a sequence that reaches it is truncated there, as in a run).
+  allows (``actor.max_new_tokens``; a sequence that reaches it is truncated there, as in a run);
+* ``LogLogisticLengths``: a heavier tail (a power law: the share longer than x falls as x^-beta, where a
+  lognormal's falls faster than any power), given the median and the 90th percentile, cut the same way:
+  reasoning traces, where a few sequences run to the cut while most end early.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ class Lengths(Protocol):
         """``count`` completion lengths, each at least 1 token."""
         ...
 
+    @property
+    def longest(self) -> int:
+        """The most tokens a completion can have."""
+        ...
+
 
 @dataclass(frozen=True)
 class FixedLengths:
@@ -35,6 +43,10 @@ class FixedLengths:
 
     def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
         return np.full(count, self.tokens, dtype=np.int64)
+
+    @property
+    def longest(self) -> int:
+        return self.tokens
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,10 @@ class EmpiricalLengths:
 
     def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
         return rng.choice(np.asarray(self.observed, dtype=np.int64), size=count, replace=True)
+
+    @property
+    def longest(self) -> int:
+        return max(self.observed)
 
 
 @dataclass(frozen=True)
@@ -85,12 +101,48 @@ class LogNormalLengths:
         drawn = np.ceil(rng.lognormal(self.mu, self.sigma, size=count)).astype(np.int64)
         return np.clip(drawn, 1, self.max_tokens)
 
+    @property
+    def longest(self) -> int:
+        return self.max_tokens
 
-LENGTH_FORMS = "fixed:TOKENS, lognormal:MEAN,P90 or run:RUN_DIR (a finished run's completions)"
+
+@dataclass(frozen=True)
+class LogLogisticLengths:
+    """Log-logistic with scale ``median`` and shape ``beta``, rounded up, cut at ``max_tokens``: its
+    quantile at p is ``median * (p / (1 - p)) ** (1 / beta)``, so the share above x falls as x^-beta."""
+
+    median: float
+    beta: float
+    max_tokens: int
+
+    @classmethod
+    def from_median_p90(cls, median: float, p90: float, max_tokens: int) -> LogLogisticLengths:
+        """The log-logistic with this median and 90th percentile (before the cut): p90 = median·9^(1/beta)."""
+        if not 0 < median < p90:
+            raise ValueError(f"median={median}, p90={p90}: need 0 < median < p90")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens}: at least 1")
+        return cls(median=median, beta=math.log(9) / math.log(p90 / median), max_tokens=max_tokens)
+
+    def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        uniform = rng.uniform(1e-12, 1 - 1e-12, size=count)
+        drawn = np.ceil(self.median * (uniform / (1 - uniform)) ** (1 / self.beta))
+        return np.clip(np.minimum(drawn, self.max_tokens), 1, self.max_tokens).astype(np.int64)
+
+    @property
+    def longest(self) -> int:
+        return self.max_tokens
+
+
+LENGTH_FORMS = (
+    "fixed:TOKENS, lognormal:MEAN,P90, loglogistic:MEDIAN,P90 (a heavier tail) or run:RUN_DIR (a "
+    "finished run's completions)"
+)
 
 
 def parse_lengths(text: str, max_tokens: int) -> Lengths:
-    """``fixed:TOKENS`` or ``lognormal:MEAN,P90`` (cut at ``max_tokens``, the run's longest completion);
+    """``fixed:TOKENS``, ``lognormal:MEAN,P90`` or ``loglogistic:MEDIAN,P90`` (cut at ``max_tokens``, the
+    run's longest completion);
     ``run:RUN_DIR`` is read by the command (``calibrate.completion_lengths``)."""
     kind, _, values = text.partition(":")
     try:
@@ -101,4 +153,6 @@ def parse_lengths(text: str, max_tokens: int) -> Lengths:
         return FixedLengths(min(int(numbers[0]), max_tokens))
     if kind == "lognormal" and len(numbers) == 2:
         return LogNormalLengths.from_mean_p90(numbers[0], numbers[1], max_tokens)
+    if kind == "loglogistic" and len(numbers) == 2:
+        return LogLogisticLengths.from_median_p90(numbers[0], numbers[1], max_tokens)
     raise ValueError(f"lengths {text!r}: expected {LENGTH_FORMS}")

@@ -8,12 +8,19 @@ A profile is JSON::
       "figures": {
         "decode_base_s": {"value": 0.021, "unit": "s", "source": "vLLM 0.8 benchmark, ..."},
         ...
-      }
+      },
+      "hardware": {"gpu": "H100", "gpus_per_engine": 1, "trainer_gpus": 8, "model_params_b": 7.6,
+                   "source": "..."}
     }
 
 Every figure of ``CostModel`` must be there (a missing one is named), nothing else (an unknown one is
 named with the valid ones), and each says where it comes from: a measured run, a benchmark record, a
 published table. ``pipelinerl plan`` simulates with ``CostProfile.cost_model()``.
+
+``hardware`` (optional) says what the figures were measured on: the GPU, the GPUs of one engine (its
+tensor parallelism), the trainer GPUs the step times were measured with, and the model's size. A
+profile with it can be scaled to another cluster of that GPU (``plan/cluster.py``); one without it (a
+profile calibrated on this machine's CPU runs) predicts the configuration as its config gives it.
 """
 
 from __future__ import annotations
@@ -41,12 +48,23 @@ class Figure(BaseModel):
     source: str = Field(min_length=1, description="Where the value comes from: a run, a record, a paper.")
 
 
+class Hardware(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: str = Field(min_length=1, description="The GPU the figures were measured on (plan/cluster.GPUS).")
+    gpus_per_engine: int = Field(ge=1, description="GPUs of one inference engine (tensor parallel size).")
+    trainer_gpus: int = Field(ge=1, description="Trainer GPUs the step-time figures were measured with.")
+    model_params_b: float = Field(gt=0, description="The model's parameters, in billions.")
+    source: str = Field(min_length=1)
+
+
 class CostProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1)
     description: str = ""
     figures: dict[str, Figure]
+    hardware: Hardware | None = None
 
     @field_validator("figures")
     @classmethod
@@ -85,3 +103,26 @@ def load_profile(path: Path) -> CostProfile:
     except ValueError as error:
         raise ProfileError(f"profile {path}: {error}") from None
     return profile
+
+
+SHIPPED = Path(__file__).parent / "profiles"  # the profiles the platform ships (docs/plan.md: sources)
+
+
+def shipped_profiles() -> dict[str, Path]:
+    """The shipped profiles by name (their file's stem)."""
+    return {path.stem: path for path in sorted(SHIPPED.glob("*.json"))}
+
+
+def resolve_profile(given: str) -> CostProfile:
+    """A profile given by its file's path, or by the name of a shipped one; ``ProfileError`` naming
+    the value and the shipped names when it is neither."""
+    path = Path(given)
+    if path.suffix == ".json" or path.exists():
+        return load_profile(path)
+    shipped = shipped_profiles()
+    if given in shipped:
+        return load_profile(shipped[given])
+    raise ProfileError(
+        f"profile {given!r}: no such file, nor a shipped profile; the shipped ones are "
+        f"{', '.join(shipped) or '(none)'}"
+    )

@@ -7,11 +7,13 @@ What is modelled, as the platform does it (``workers/``):
   is one event (``CostModel.decode_steps_s``), cut short when a weight update arrives: the step in
   progress ends, then the engine pauses (``update_pause_s``) and loads the new version **in flight**;
   the sequences it holds go on under it, so a sequence may be written by several versions.
+  With ``recompute`` the engine also prefills every token it holds again under the new weights.
 * **Admission**, in whole groups (the ``group_size`` samples of one prompt, admitted together;
   a group larger than H goes alone): ``pipeline`` refills free slots at once (a prefill per prompt
-  token); ``conventional`` generates rounds of B·G sequences with one version: a round's prompts are
-  admitted only by engines holding that round's weights, and the next round starts when its weights
-  arrive.
+  token); ``async`` too, but an update is not loaded in flight: once the engine is ``drain_lag``
+  versions behind it admits nothing until its sequences have finished, then loads; ``conventional``
+  generates rounds of B·G sequences with one version: a round's prompts are admitted only by engines
+  holding that round's weights, and the next round starts when its weights arrive.
 * **The queue**: a group is ready for the trainer when its last sample has finished; ready sequences
   wait in the order their groups completed, at most ``queue_capacity`` of them; an engine whose
   finished sequences find it full stops until there is room (the backpressure ``transport.queue_size``
@@ -26,12 +28,12 @@ What is modelled, as the platform does it (``workers/``):
   ends. ``max_lag`` drops a sequence with a token more than that many versions older than the policy
   its batch would train, as the preprocessor does.
 
-Not modelled yet: the async mode, ``recompute``, several trainer ranks apart from their step time.
+Not modelled yet: several trainer ranks apart from their step time.
 
 The figures (``SimulatedRun``) are those a run reports: samples and tokens per second, the engines'
 idle and paused shares of their time, the trainer's idle share, the lag of every trained token (the
 trainer's version at the step that trains it minus the version that sampled it), the sequences written
-by two or more versions.
+by two or more versions, and the mean lag by token position.
 """
 
 from __future__ import annotations
@@ -45,90 +47,15 @@ from typing import Literal
 import numpy as np
 
 from pipelinerl.plan.costs import CostModel
-from pipelinerl.plan.lengths import Lengths
+from pipelinerl.plan.workload import Workload
 
-SimulatedMode = Literal["pipeline", "conventional"]
-SIMULATED_MODES: tuple[SimulatedMode, ...] = ("pipeline", "conventional")
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What a run asks of the cluster: its mode, engines, H, B, G and the sequences it writes."""
-
-    mode: SimulatedMode
-    engines: int
-    in_flight: int  # H: sequences per engine
-    batch_size: int  # B: sequences per optimizer step
-    steps: int  # optimizer steps to simulate
-    prompt_tokens: int
-    lengths: Lengths
-    steps_per_round: int = 1  # G, conventional mode
-    group_size: int = 1  # samples per prompt, admitted together and trained together
-    train_during_round: bool = False
-    max_lag: int | None = None
-    # Sequences waiting for the trainer. None: two batches (pipeline), a round and a batch (conventional).
-    queue_capacity: int | None = None
-    batches_ahead: int = 2  # transport.batches_ahead: batches built or training at once
-
-    def __post_init__(self) -> None:
-        if self.mode not in SIMULATED_MODES:
-            raise ValueError(f"mode={self.mode!r}: the simulator models {', '.join(SIMULATED_MODES)}")
-        for name in (
-            "engines",
-            "in_flight",
-            "batch_size",
-            "steps",
-            "steps_per_round",
-            "group_size",
-            "batches_ahead",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: at least 1")
-        if self.batch_size % self.group_size:
-            raise ValueError(
-                f"batch_size={self.batch_size}: a multiple of group_size={self.group_size} (whole groups)"
-            )
-        if self.prompt_tokens < 0:
-            raise ValueError(f"prompt_tokens={self.prompt_tokens}: 0 or more")
-        if self.max_lag is not None and self.max_lag < 0:
-            raise ValueError(f"max_lag={self.max_lag}: 0 or more, or None for no bound")
-        round_lag = self.steps_per_round - 1
-        if self.mode == "conventional" and self.max_lag is not None and self.max_lag < round_lag:
-            raise ValueError(
-                f"max_lag={self.max_lag} below steps_per_round - 1 = {round_lag} in conventional mode: "
-                "dropping part of a round is not modelled"
-            )
-        least = self.round_size if self.waits_for_round else self.batch_size
-        if self.queue_capacity is not None and self.queue_capacity < least:
-            raise ValueError(
-                f"queue_capacity={self.queue_capacity}: at least {least} (a "
-                f"{'whole round, which the trainer waits for' if self.waits_for_round else 'batch'}), "
-                "or the trainer could never start"
-            )
-
-    @property
-    def round_size(self) -> int:
-        return self.batch_size * self.steps_per_round
-
-    @property
-    def waits_for_round(self) -> bool:
-        return self.mode == "conventional" and not self.train_during_round
-
-    @property
-    def ahead(self) -> int:
-        """Batches built or training at once (conventional mode adds the round's G - 1)."""
-        return self.batches_ahead + (self.steps_per_round - 1 if self.mode == "conventional" else 0)
-
-    @property
-    def capacity(self) -> int:
-        if self.queue_capacity is not None:
-            return self.queue_capacity
-        return 2 * self.batch_size if self.mode == "pipeline" else self.round_size + self.batch_size
+POSITION_BINS = 10  # the lag by token position: the longest completion cut in this many equal spans
 
 
 @dataclass(frozen=True)
 class SimulatedRun:
     seconds: float  # from the start to the end of the last optimizer step
+    samples: int  # sequences trained
     samples_per_s: float
     tokens_per_s: float  # completion tokens trained per second
     actor_idle: float  # share of the engines' time with nothing to decode (waiting for work or room)
@@ -144,6 +71,9 @@ class SimulatedRun:
     multi_version_sequences: int  # trained sequences written by two or more versions
     dropped_stale: int  # sequences max_lag dropped
     lag_tokens: dict[int, int]  # lag -> trained tokens with that lag
+    # The mean lag of the trained tokens at each span of positions: (first position, mean lag), the
+    # longest completion cut in POSITION_BINS spans (a span no token reached is left out).
+    lag_by_position: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -179,6 +109,7 @@ class _Engine:
     timeline: list[int] = field(default_factory=lambda: [0])  # ... and that version
     version: int = 0
     pending: int | None = None  # a version that has arrived and is not loaded yet
+    draining: bool = False  # async mode: admitting nothing until its sequences finish, then loading
     chunk: _Chunk | None = None
     outbox: list[_Sequence] = field(default_factory=list)  # finished, waiting for room in the queue
     waiting_since: float | None = None  # idle (nothing to do) or blocked (no room) since then
@@ -228,6 +159,8 @@ class _Simulation:
         self.round_unfinished = self.round_prompts
         self.steps_in_round = 0  # conventional mode: steps taken on the round being trained
         self.lag_tokens: Counter[int] = Counter()
+        self.bin_width = max(1, -(-int(workload.lengths.longest) // POSITION_BINS))
+        self.position_lag = np.zeros((POSITION_BINS, 2))  # per span: the lags summed, the tokens
         self.trained_samples = self.trained_tokens = self.multi_version = self.dropped = 0
 
     # ----- the event queue ----------------------------------------------------------------------------
@@ -263,14 +196,18 @@ class _Simulation:
         if not self.flush(engine):
             engine.waiting_since = self.now  # blocked: the queue is full
             return
-        if engine.pending is not None:  # between two decode steps: take the new weights in
+        if self.loads_now(engine):  # between two decode steps: take the new weights in
+            assert engine.pending is not None
             engine.version, engine.pending = engine.pending, None
             engine.timeline_at.append(engine.steps)
             engine.timeline.append(engine.version)
-            engine.paused_s += self.costs.update_pause_s
-            self.schedule(self.now + self.costs.update_pause_s, _ENGINE, index)
+            pause = self.costs.update_pause_s
+            if self.w.recompute:  # the cached prefixes again, under the new weights
+                pause += self.costs.prefill_per_token_s * self.context(engine)
+            engine.paused_s += pause
+            self.schedule(self.now + pause, _ENGINE, index)
             return
-        admitted = self.admit(engine)
+        admitted = 0 if engine.draining else self.admit(engine)
         if admitted:
             prefill = self.costs.prefill_per_token_s * self.w.prompt_tokens * admitted * self.w.group_size
             self.schedule(self.now + prefill, _ENGINE, index)
@@ -278,11 +215,29 @@ class _Simulation:
         if engine.slots:
             steps = engine.ends[0][0] - engine.steps
             in_flight = len(engine.slots)
-            context = in_flight * (self.w.prompt_tokens + engine.steps) - engine.starts
+            context = self.context(engine)
             engine.chunk = _Chunk(self.now, steps, in_flight, context)
             self.schedule(self.now + self.costs.decode_steps_s(steps, in_flight, context), _ENGINE, index)
             return
         engine.waiting_since = self.now  # nothing to do until weights or a round arrive
+
+    def context(self, engine: _Engine) -> int:
+        """The tokens the engine's sequences in flight hold: their prompts and what they wrote."""
+        return len(engine.slots) * (self.w.prompt_tokens + engine.steps) - engine.starts
+
+    def loads_now(self, engine: _Engine) -> bool:
+        """Whether the engine takes the weights that arrived in now: at once, except in async mode,
+        where it drains first once they are ``drain_lag`` versions ahead (``ContinuousAdmission``)."""
+        if engine.pending is None:
+            return False
+        if self.w.mode != "async":
+            return True
+        if engine.pending - engine.version >= self.w.drain_lag:
+            engine.draining = True
+        if engine.draining and not engine.slots:
+            engine.draining = False
+            return True
+        return False
 
     def finish_chunk(self, engine: _Engine) -> None:
         assert engine.chunk is not None
@@ -331,7 +286,9 @@ class _Simulation:
         for index, engine in enumerate(self.engines):
             engine.pending = version
             chunk = engine.chunk
-            if chunk is not None:  # the step under way ends, then the engine takes the weights
+            if (
+                chunk is not None and self.w.mode != "async"
+            ):  # the step under way ends, then the engine takes the weights
                 elapsed = self.now - chunk.start
                 done = self.costs.steps_within(elapsed, chunk.in_flight, chunk.context, chunk.steps)
                 between = self.costs.decode_steps_s(done, chunk.in_flight, chunk.context) == elapsed
@@ -385,8 +342,11 @@ class _Simulation:
         self.trainer_waiting_since = None
         tokens = 0
         for sequence in batch:
+            position = 0
             for version, count in sequence.versions:
                 self.lag_tokens[self.version - version] += count
+                self.count_positions(position, position + count, self.version - version)
+                position += count
             tokens += sequence.length
             self.multi_version += len(sequence.versions) > 1
         self.trained_samples += len(batch)
@@ -394,6 +354,15 @@ class _Simulation:
         self.trainer = "training"
         self.schedule(self.now + self.costs.train_step_s(tokens, len(batch)), _TRAINER)
         self.build_batches()
+
+    def count_positions(self, first: int, end: int, lag: int) -> None:
+        """Count the tokens at positions ``first`` to ``end`` (exclusive), trained at ``lag``, by span."""
+        width = self.bin_width
+        while first < end:
+            span = min(first // width, POSITION_BINS - 1)
+            last = end if span == POSITION_BINS - 1 else min(end, (span + 1) * width)
+            self.position_lag[span] += (lag * (last - first), last - first)
+            first = last
 
     def trainer_ready(self) -> None:
         """The trainer's step or its publication ended."""
@@ -438,6 +407,7 @@ class _Simulation:
         steady = seconds - first_end
         return SimulatedRun(
             seconds=seconds,
+            samples=self.trained_samples,
             samples_per_s=self.trained_samples / seconds if seconds else 0.0,
             tokens_per_s=self.trained_tokens / seconds if seconds else 0.0,
             actor_idle=sum(e.idle_s for e in self.engines) / engine_time if engine_time else 0.0,
@@ -451,6 +421,11 @@ class _Simulation:
             multi_version_sequences=self.multi_version,
             dropped_stale=self.dropped,
             lag_tokens=dict(sorted(self.lag_tokens.items())),
+            lag_by_position=[
+                (span * self.bin_width, float(lags / tokens))
+                for span, (lags, tokens) in enumerate(self.position_lag)
+                if tokens
+            ],
         )
 
 

@@ -13,12 +13,26 @@ PIPELINERL = [sys.executable, "-m", "pipelinerl.cli"]
 SMALL = ["-s", "run.max_steps=12", "-s", "rl.batch_size=16", "-s", "actor.max_in_flight=32"]
 
 
-def plan(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def plan(
+    tmp_path: Path, *args: str, hardware: dict | None = None, **figures: float
+) -> subprocess.CompletedProcess[str]:
     profile = tmp_path / "profile.json"
-    profile.write_text(json.dumps(profile_data(decode_base_s=0.01, train_base_s=0.5, transfer_s=0.1)))
+    data = profile_data(**({"decode_base_s": 0.01, "train_base_s": 0.5, "transfer_s": 0.1} | figures))
+    if hardware:
+        data["hardware"] = hardware
+    profile.write_text(json.dumps(data))
     return subprocess.run(
         [*PIPELINERL, "plan", "--profile", str(profile), *args], capture_output=True, text=True, timeout=120
     )
+
+
+H100_SMALL = {
+    "gpu": "H100",
+    "gpus_per_engine": 1,
+    "trainer_gpus": 4,
+    "model_params_b": 0.5,
+    "source": "a test",
+}
 
 
 def test_plan_prints_each_mode_and_the_speed_up(tmp_path) -> None:
@@ -40,9 +54,43 @@ def test_plan_json_has_the_figures_of_every_mode(tmp_path) -> None:
 def test_bad_input_is_one_line_naming_it(tmp_path) -> None:
     for args, named in [
         (["--lengths", "uniform:3"], "lengths 'uniform:3'"),
-        (["--lengths", "fixed:20", "--modes", "pipeline,async"], "mode 'async' is not simulated yet"),
+        (
+            ["--lengths", "fixed:20", "--modes", "pipeline,sync"],
+            "mode sync: the modes planned are pipeline, conventional, async, colocated",
+        ),
+        (["--lengths", "fixed:20", "--cluster", "actors=8xH100,trainers=8xB300"], "unknown GPU 'B300'"),
+        (["--lengths", "fixed:20", "--sweep", "actor_gpus=1..4"], "give the cluster it splits"),
         (["--lengths", "fixed:20", "-s", "rl.batch_size=7"], "rl.batch_size=7"),
     ]:
         done = plan(tmp_path, *args)
         assert done.returncode == 2, done.stdout
         assert named in done.stdout + done.stderr
+
+
+def test_a_sweep_of_the_split_recommends_one_and_draws_it(tmp_path) -> None:
+    """A cluster of 8 H100s split 1..7 ways. An engine writes 8 samples/s (32 sequences of 20 tokens at
+    0.2 s a token); the trainer takes 16 in 0.1 + 2.56 / T s, and a 0.1 s transfer: about 8, 16, 22.5,
+    19 and 15 samples/s at 1 to 5 actor GPUs. Few actor GPUs starve the trainer, few trainer GPUs make it
+    the bottleneck; the recommended split is 3 actor GPUs, and the figure is written."""
+    figure = tmp_path / "sweep.png"
+    args = ["--lengths", "fixed:20", "--cluster", "actors=4xH100,trainers=4xH100", *SMALL]
+    costs = {"decode_base_s": 0.2, "train_base_s": 0.1, "train_per_token_s": 0.002, "hardware": H100_SMALL}
+    done = plan(tmp_path, *args, "--sweep", "actor_gpus=1..7", "--figure", str(figure), **costs)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "recommended: actor_gpus=" in done.stdout
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    as_json = plan(tmp_path, *args, "--sweep", "actor_gpus=1..7", "--json", **costs)
+    swept = json.loads(as_json.stdout)
+    speeds = {point["value"]: point["runs"]["pipeline"]["samples_per_s"] for point in swept["points"]}
+    assert swept["recommended"] == max(speeds, key=speeds.__getitem__)
+    assert swept["recommended"] == 3, speeds
+    assert speeds[3] > 1.2 * max(speeds[1], speeds[6]), speeds
+    assert swept["points"][0]["cluster"] == "actors=1xH100,trainers=7xH100"
+
+
+def test_a_sweep_of_a_setting_loads_the_config_at_each_value(tmp_path) -> None:
+    done = plan(tmp_path, "--lengths", "fixed:20", *SMALL, "--sweep", "actor.max_in_flight=8,16,32", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [point["value"] for point in json.loads(done.stdout)["points"]] == [8, 16, 32]
+    bad = plan(tmp_path, "--lengths", "fixed:20", *SMALL, "--sweep", "actor.max_in_flight=0,8")
+    assert bad.returncode == 2 and "actor.max_in_flight" in bad.stdout + bad.stderr

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipelinerl.plan.costs import CostModel
 from pipelinerl.plan.from_config import workload_from_config
-from pipelinerl.plan.lengths import FixedLengths, LogNormalLengths, parse_lengths
+from pipelinerl.plan.lengths import FixedLengths, LogLogisticLengths, LogNormalLengths, parse_lengths
 from pipelinerl.plan.profile import FIGURES, ProfileError, load_profile
 from pipelinerl.platform.config import load_config
 
@@ -100,5 +103,33 @@ def test_the_workload_of_a_config() -> None:
     assert workload.queue_capacity == 32 + (2 + 7) * 64
     pipeline = workload_from_config(config, FixedLengths(10), prompt_tokens=50, mode="pipeline")
     assert pipeline.mode == "pipeline" and pipeline.steps_per_round == 1
-    with pytest.raises(ValueError, match="mode 'async' is not simulated yet"):
-        workload_from_config(config, FixedLengths(10), prompt_tokens=50, mode="async")
+    drained = workload_from_config(config, FixedLengths(10), prompt_tokens=50, mode="async")
+    assert (drained.mode, drained.drain_lag, drained.recompute) == (
+        "async",
+        config.run.async_drain_lag,
+        False,
+    )
+    with pytest.raises(ValueError, match="mode 'sync': the simulator models pipeline, conventional, async"):
+        workload_from_config(config, FixedLengths(10), prompt_tokens=50, mode="sync")
+
+
+def test_a_loglogistic_has_its_median_and_p90_and_a_heavier_tail_than_a_lognormal() -> None:
+    heavy = parse_lengths("loglogistic:1000,3000", 10**9)
+    assert isinstance(heavy, LogLogisticLengths) and heavy.longest == 10**9
+    drawn = heavy.sample(np.random.default_rng(0), 400_000)
+    assert np.median(drawn) == pytest.approx(1000, rel=0.02)
+    assert np.percentile(drawn, 90) == pytest.approx(3000, rel=0.02)
+    # a lognormal of the same median and p90 has a far lighter tail: its p99.9 is well below
+    sigma = np.log(3.0) / 1.2815515655446004
+    light = np.random.default_rng(0).lognormal(np.log(1000), sigma, 400_000)
+    assert np.percentile(drawn, 99.9) > 2 * np.percentile(light, 99.9)
+    assert parse_lengths("loglogistic:1000,3000", 8192).sample(np.random.default_rng(0), 10_000).max() == 8192
+    with pytest.raises(ValueError, match="need 0 < median < p90"):
+        parse_lengths("loglogistic:3000,1000", 8192)
+
+
+def test_the_shipped_gpu_profiles_are_what_their_script_derives() -> None:
+    done = subprocess.run(
+        [sys.executable, "scripts/gpu_profiles.py", "--check"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr

@@ -7,7 +7,8 @@ import pytest
 
 from pipelinerl.plan.costs import CostModel
 from pipelinerl.plan.lengths import FixedLengths, LogNormalLengths
-from pipelinerl.plan.simulate import Workload, _Engine, simulate, written_by
+from pipelinerl.plan.simulate import _Engine, simulate, written_by
+from pipelinerl.plan.workload import Workload
 
 
 def workload(**settings) -> Workload:
@@ -71,6 +72,7 @@ def test_training_during_the_round_overlaps_its_first_steps() -> None:
 
     class TwoLengths:  # 5, 20, 5, 20, ... in the order drawn
         drawn = 0
+        longest = 20
 
         def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
             lengths = [5 if (self.drawn + i) % 2 == 0 else 20 for i in range(count)]
@@ -130,7 +132,10 @@ def test_a_lognormal_from_mean_and_p90_has_them() -> None:
         ({"engines": 0}, "engines=0"),
         ({"batch_size": 6, "group_size": 4}, "batch_size=6: a multiple of group_size=4"),
         ({"in_flight": 0}, "in_flight=0"),
-        ({"mode": "async"}, "mode='async'"),
+        ({"mode": "sync"}, "mode='sync'"),
+        ({"mode": "async", "group_size": 2, "batch_size": 2}, "group_size=2 above in_flight=1"),
+        ({"mode": "conventional", "recompute": True}, "recompute with mode='conventional'"),
+        ({"mode": "async", "drain_lag": 0}, "drain_lag=0"),
         ({"batch_size": 4, "queue_capacity": 2}, "queue_capacity=2"),
         ({"mode": "conventional", "steps_per_round": 4, "max_lag": 1}, "max_lag=1"),
         (
@@ -160,6 +165,8 @@ def test_a_group_is_trained_once_its_slowest_sample_has_finished() -> None:
     20-token sample, 2 s at 0.1 s a step, so a batch of one group every 2 s; every token at lag 0."""
 
     class ShortThenLong:
+        longest = 20
+
         def sample(self, rng: np.random.Generator, count: int) -> np.ndarray:
             return np.array([5, 20][:count])
 
@@ -196,3 +203,44 @@ def test_a_sequence_s_tokens_are_split_by_the_versions_the_engine_loaded_meanwhi
     assert written_by(engine, 5, 30) == [[0, 5], [2, 15], [3, 5]]
     assert written_by(engine, 10, 20) == [[2, 10]]
     assert written_by(engine, 26, 27) == [[3, 1]]
+
+
+def test_async_mode_drains_before_it_loads_and_never_writes_a_sequence_with_two_versions() -> None:
+    """One slot, 1 s sequences, a 0.3 s step, a 0.2 s pause, drain_lag 1. Version 1 arrives at 1.3 s
+    while B is written: B goes on under version 0 and is trained at version 1; the engine loads when B
+    is done (2.0-2.2 s), then writes C under version 1, trained at version 2 at 3.2-3.5 s."""
+    costs = CostModel(decode_base_s=0.1, train_base_s=0.3, update_pause_s=0.2)
+    run = simulate(workload(mode="async", steps=3), costs)
+    assert run.seconds == pytest.approx(3.5)
+    assert run.lag_tokens == {0: 10, 1: 20}
+    assert run.multi_version_sequences == 0
+    assert run.actor_paused * run.seconds == pytest.approx(0.2)
+    never = simulate(workload(mode="async", steps=4, drain_lag=100), CostModel(decode_base_s=0.1))
+    assert never.lag_tokens == {0: 10, 1: 10, 2: 10, 3: 10}, (
+        "never drained: the lag grows by a version a step"
+    )
+    assert never.actor_paused == 0.0
+
+
+def test_recompute_prefills_the_tokens_in_flight_again_at_every_update() -> None:
+    """The same run in pipeline mode: each update lands 3 tokens into a sequence (B, then C), which the
+    engine takes in between two decode steps: 0.2 s of pause, and with recompute 3 tokens of prefill at
+    0.01 s more. The lag by position: the first 3 tokens of B and C at lag 1, the rest at 0."""
+    costs = CostModel(decode_base_s=0.1, train_base_s=0.3, update_pause_s=0.2, prefill_per_token_s=0.01)
+    kept = simulate(workload(steps=3), costs)
+    recomputed = simulate(workload(steps=3, recompute=True), costs)
+    assert kept.seconds == pytest.approx(3.7) and kept.actor_paused * kept.seconds == pytest.approx(0.4)
+    assert recomputed.seconds == pytest.approx(3.76)
+    assert recomputed.actor_paused * recomputed.seconds == pytest.approx(0.46)
+    assert recomputed.lag_tokens == kept.lag_tokens == {0: 24, 1: 6}
+    assert recomputed.lag_by_position == [(p, pytest.approx(2 / 3 if p < 3 else 0.0)) for p in range(10)]
+
+
+def test_lag_by_position_spans_the_longest_completion_in_ten() -> None:
+    """Sequences of one length under in-flight updates: a sequence's first tokens were written by the
+    oldest weights it saw, so at fixed length the lag falls with the position."""
+    costs = CostModel(decode_base_s=0.01, train_base_s=0.5)
+    run = simulate(workload(in_flight=8, batch_size=8, steps=10, lengths=FixedLengths(95)), costs)
+    assert [first for first, _ in run.lag_by_position] == list(range(0, 95, 10))
+    lags = [lag for _, lag in run.lag_by_position]
+    assert lags == sorted(lags, reverse=True) and lags[0] > lags[-1], "later tokens, newer versions"
