@@ -157,9 +157,10 @@ class PoolPlacement:
         return None if beat is None else beat.host
 
     def _heartbeat_age(self, run: RoleRun) -> float | None:
-        """Seconds since the run's last heartbeat; None if it has written none."""
+        """Seconds since the run's last heartbeat; None if it has written none, or its last one says its
+        stages ended (its flow run is reporting its end: its host is not lost)."""
         beat = read_heartbeat(heartbeat_path(self.run_dir, run.role, run.node))
-        return None if beat is None else beat.age_s(time.time())
+        return None if beat is None or beat.ended else beat.age_s(time.time())
 
     def _silent_for(self, run: RoleRun) -> float | None:
         """Seconds since the run's last heartbeat, where that is past the timeout; else None."""

@@ -17,6 +17,10 @@ because of it.
 
 The times are wall-clock times written on one node and read on another: the nodes' clocks must agree
 to well within the timeout (NTP does; a skew of seconds against a 60 s timeout is harmless).
+
+When a role's stages end (done, failed or stopped) its last heartbeat says so (``ended``): from then
+on its silence is not a lost host, however long its flow run takes to report its end (seconds on a
+loaded machine, while a failed attempt is torn down). A host that is lost writes no such beat.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class Heartbeat:
     host: str
     pid: int
     time: float
+    ended: bool = False  # the role's stages ended here: its silence from now on is not a lost host
 
     def age_s(self, now: float) -> float:
         return max(0.0, now - self.time)
@@ -49,10 +54,11 @@ def heartbeat_path(run_dir: Path, role: str, node: int) -> Path:
     return run_dir / "roles" / f"{role}{node}.json"
 
 
-def write_heartbeat(path: Path, host: str) -> None:
+def write_heartbeat(path: Path, host: str, ended: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"host": host, "pid": os.getpid(), "time": time.time()}))
+    beat = {"host": host, "pid": os.getpid(), "time": time.time(), "ended": ended}
+    tmp.write_text(json.dumps(beat))
     tmp.replace(path)  # atomic: a reader never sees half a file
 
 
@@ -60,15 +66,17 @@ def read_heartbeat(path: Path) -> Heartbeat | None:
     """The newest heartbeat at ``path``, or None if none was written (or it cannot be read)."""
     try:
         data = json.loads(path.read_text())
-        return Heartbeat(str(data["host"]), int(data["pid"]), float(data["time"]))
+        return Heartbeat(
+            str(data["host"]), int(data["pid"]), float(data["time"]), bool(data.get("ended", False))
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 @contextlib.contextmanager
 def beating(path: Path, interval_s: float = HEARTBEAT_INTERVAL_S) -> Iterator[str]:
-    """Write this host's heartbeat to ``path`` now and every ``interval_s`` until the block ends;
-    yields the host name."""
+    """Write this host's heartbeat to ``path`` now and every ``interval_s`` until the block ends, and
+    then a last one that says it ended (however it ends); yields the host name."""
     host = socket.gethostname()
     write_heartbeat(path, host)
     stop = threading.Event()
@@ -85,13 +93,15 @@ def beating(path: Path, interval_s: float = HEARTBEAT_INTERVAL_S) -> Iterator[st
     finally:
         stop.set()
         thread.join()
+        with contextlib.suppress(OSError):
+            write_heartbeat(path, host, ended=True)
 
 
 def attribution(ages: dict[str, float | None], timeout_s: float) -> tuple[str | None, list[str]]:
     """Given the heartbeat ages of the roles still running (role name -> seconds; None: no heartbeat
-    yet) when another role failed: the first role whose heartbeat has lapsed (older than
-    ``timeout_s``: its host is lost), and the roles whose heartbeat is late but not lapsed (to watch
-    until they beat again or lapse)."""
-    lapsed = [name for name, age in ages.items() if age is not None and age > timeout_s]
+    yet, or its stages ended) when another role failed: the role whose heartbeat lapsed first (the
+    oldest older than ``timeout_s``: its host is lost, and the others may have stopped because of it),
+    and the roles whose heartbeat is late but not lapsed (to watch until they beat again or lapse)."""
+    lapsed = {name: age for name, age in ages.items() if age is not None and age > timeout_s}
     late = [name for name, age in ages.items() if age is not None and LATE_S < age <= timeout_s]
-    return (lapsed[0] if lapsed else None), late
+    return (max(lapsed, key=lambda name: lapsed[name]) if lapsed else None), late

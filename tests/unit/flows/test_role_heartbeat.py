@@ -51,8 +51,31 @@ def test_beating_writes_now_and_again_until_the_block_ends(tmp_path: Path) -> No
             assert time.monotonic() < deadline, "no second beat"
             time.sleep(0.01)
     ended = read_heartbeat(path)
+    assert ended is not None and ended.ended, "the last beat says the role's stages ended"
     time.sleep(0.2)
     assert read_heartbeat(path) == ended, "no beat after the block"
+
+
+def test_a_block_that_fails_still_says_it_ended(tmp_path: Path) -> None:
+    """A role whose stages failed stops beating while its flow run reports the failure (seconds, on a
+    loaded machine): its last beat says so, so that silence is not taken for a lost host."""
+    path = heartbeat_path(tmp_path, "trainer", 1)
+    try:
+        with beating(path, interval_s=0.05):
+            beat = read_heartbeat(path)
+            assert beat is not None and not beat.ended
+            raise RuntimeError("a stage failed")
+    except RuntimeError:
+        pass
+    beat = read_heartbeat(path)
+    assert beat is not None and beat.ended
+
+
+def test_a_heartbeat_written_before_ended_existed_reads_as_running(tmp_path: Path) -> None:
+    path = heartbeat_path(tmp_path, "actor", 2)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"host": "h", "pid": 1, "time": 5.0}))
+    assert read_heartbeat(path) == Heartbeat("h", 1, 5.0, ended=False)
 
 
 def test_attribution_names_a_lapsed_heartbeat_and_watches_late_ones() -> None:
@@ -64,4 +87,6 @@ def test_attribution_names_a_lapsed_heartbeat_and_watches_late_ones() -> None:
     assert attribution({"actor0": late, "actor1": fresh}, timeout) == (None, ["actor0"])
     assert attribution({"actor0": lapsed, "actor1": late}, timeout) == ("actor0", ["actor1"])
     assert attribution({"actor0": LATE_S, "actor1": timeout}, timeout) == (None, ["actor1"])
+    # Two lapsed: the host lost first went silent first (the other may have stopped because of it).
+    assert attribution({"trainer1": lapsed, "actor0": lapsed + 9.0}, timeout) == ("actor0", [])
     assert LATE_S > 2 * HEARTBEAT_INTERVAL_S  # a healthy role is never late: it beats every interval
