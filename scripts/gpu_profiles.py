@@ -102,21 +102,21 @@ def profile(gpu: str, model: Model) -> dict[str, object]:
         ),
         "prefill_per_token_s": figure(
             prefill,
-            f"derived: 2 x params FLOPs at MFU {PREFILL_MFU[model.size]:g} (inference-sim hardware_config.json "
-            f"mfuPrefill 0.45 for H100), TP {tp}",
+            f"derived: 2 x params FLOPs at MFU {PREFILL_MFU[model.size]:g} (inference-sim "
+            f"hardware_config.json mfuPrefill 0.45 for H100), TP {tp}",
         ),
         "train_base_s": figure(TRAIN_BASE_S[model.size], "estimate: no published per-step fixed cost"),
         "train_per_token_s": figure(
             per_token_gpu_s / TRAINER_GPUS,
-            f"estimate: 6 x params FLOPs a token at MFU {TRAIN_MFU[model.size]:g} (0.15-0.30: arXiv 2407.21783 "
-            f"Table 4 less recompute; the paper's 48:80 split) on {TRAINER_GPUS} GPUs",
+            f"estimate: 6 x params FLOPs a token at MFU {TRAIN_MFU[model.size]:g} (0.15-0.30: arXiv "
+            f"2407.21783 Table 4 less recompute; the paper's 48:80 split) on {TRAINER_GPUS} GPUs",
         ),
         "train_per_sequence_s": figure(0.0, "not separated from the per-token cost"),
         "transfer_s": figure(transfer, TRANSFER_SOURCE[model.size]),
         "update_pause_s": figure(
             transfer + PAUSE_OVERHEAD_S,
-            "ServiceNow/PipelineRL pipelinerl/vllm1.py @ 58d39345 pauses for the whole broadcast: the transfer "
-            "+ 0.05 s (TRL PR #7178: 0.030 s; marin issue #8955: median 0.107 s)",
+            "ServiceNow/PipelineRL pipelinerl/vllm1.py @ 58d39345 pauses for the whole broadcast: the "
+            "transfer + 0.05 s (TRL PR #7178: 0.030 s; marin issue #8955: median 0.107 s)",
         ),
     }
     return {

@@ -10,17 +10,15 @@ lengths), and prints measured beside predicted as a markdown table. A few minute
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from pipelinerl.plan.calibrate import calibrate, completion_lengths
 from pipelinerl.plan.from_config import workload_from_config
+from pipelinerl.plan.measured import measured
 from pipelinerl.plan.simulate import simulate
 from pipelinerl.platform.config import load_config
-from pipelinerl.platform.tracking import metric_registry as registry
 
 CONFIGURATIONS: dict[str, list[str]] = {
     "pipeline, H=32": ["run.mode=pipeline", "actor.max_in_flight=32"],
@@ -36,36 +34,15 @@ CONFIGURATIONS: dict[str, list[str]] = {
 PROMPT_TOKENS = 40  # the arithmetic task's prompts, in the character tokenizer's tokens (about)
 
 
-def records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def measured(run_dir: Path) -> dict[str, float]:
-    """What the run's records say, from the end of its first step on (throughput, trainer waiting),
-    and over all its steps (the lag of every trained token, the actors' idle share)."""
-    steps = records(run_dir / "metrics.jsonl")
-    span = steps[-1][registry.TIME] - steps[0][registry.TIME]
-    histogram = [0] * max(len(s[registry.LAG_HISTOGRAM]) for s in steps)
-    for step in steps:
-        for lag, count in enumerate(step[registry.LAG_HISTOGRAM]):
-            histogram[lag] += count
-    tokens = sum(histogram)
-    actors = [
-        r for path in run_dir.glob("actor*.jsonl") for r in records(path) if registry.ACTOR_IDLE_FRACTION in r
-    ]
-    return {
-        "samples_per_s": sum(s[registry.TRAINER_SAMPLES] for s in steps[1:]) / span,
-        "trainer_idle": sum(s[registry.TRAINER_WAIT_S] for s in steps[1:]) / span,
-        "actor_idle": sum(r[registry.ACTOR_IDLE_FRACTION] for r in actors) / len(actors) if actors else 0.0,
-        "lag_mean": sum(lag * n for lag, n in enumerate(histogram)) / tokens,
-        "lag_max": max(lag for lag, n in enumerate(histogram) if n),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", type=Path)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument(
+        "--profile-out",
+        type=Path,
+        help="also write the profile calibrated on all the runs (the shipped cpu one)",
+    )
     args = parser.parse_args()
     runs: dict[str, Path] = {}
     for index, (name, settings) in enumerate(CONFIGURATIONS.items()):
@@ -88,13 +65,22 @@ def main() -> None:
         workload = workload_from_config(config, completion_lengths(others), PROMPT_TOKENS)
         predicted = simulate(workload, costs)
         seen = measured(run_dir)
-        error = predicted.steady_samples_per_s / seen["samples_per_s"] - 1
+        speed = seen["steady_samples_per_s"]
+        error = predicted.steady_samples_per_s / speed - 1
         print(
-            f"| {name} | {seen['samples_per_s']:.1f} / {predicted.steady_samples_per_s:.1f} ({error:+.0%}) "
+            f"| {name} | {speed:.1f} / {predicted.steady_samples_per_s:.1f} ({error:+.0%}) "
             f"| {seen['trainer_idle']:.2f} / {predicted.steady_trainer_idle:.2f} "
             f"| {seen['actor_idle']:.2f} / {predicted.actor_idle:.2f} "
             f"| {seen['lag_mean']:.2f} / {predicted.lag_mean:.2f} | {seen['lag_max']} / {predicted.lag_max} |"
         )
+    if args.profile_out is not None:
+        profile = calibrate(list(runs.values()), args.profile_out.stem)
+        profile.description = (
+            "this machine's kind (2 CPU cores, the embedded default: the tiny model, arithmetic), calibrated "
+            f"on the {len(runs)} runs of scripts/plan_validation.py --steps {args.steps} (docs/plan.md)"
+        )
+        args.profile_out.write_text(profile.model_dump_json(indent=2) + "\n")
+        print(f"profile written to {args.profile_out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

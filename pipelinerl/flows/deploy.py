@@ -1,6 +1,6 @@
-"""Register the platform's Prefect deployments: ``rl-run/default``, ``compare/default``, ``sweep/default``
-on the launch pool, and the per-role ``rl-role/trainers`` and ``rl-role/actors`` on the ``trainers``
-and ``actors`` pools (what ``cluster.placement = "pools"`` submits to).
+"""Register the platform's Prefect deployments: ``rl-run/default``, ``compare/default``,
+``plan/default`` and ``sweep/default`` on the launch pool, and the per-role ``rl-role/trainers`` and
+``rl-role/actors`` on the ``trainers`` and ``actors`` pools (what ``cluster.placement = "pools"`` submits to).
 
 Each deployment loads its flow from this repository's directory (``flow.from_source`` with a local
 path: the worker's pull step changes into the repository, nothing is copied or uploaded) and runs
@@ -82,6 +82,11 @@ DEPLOYMENTS = (
         "compare",
         "pipelinerl/flows/compare.py:compare",
         "The same experiment once per mode, as child MLflow runs of one parent run.",
+    ),
+    DeploymentSpec(
+        "plan",
+        "pipelinerl/flows/plan_flow.py:plan",
+        "Predict a configuration's speed and staleness on a cluster (a simulation), or sweep one setting.",
     ),
     DeploymentSpec(
         "sweep",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -13,21 +12,14 @@ from rich.progress import Progress
 from rich.table import Table
 
 from pipelinerl.plan.calibrate import CalibrationError, calibrate, completion_lengths
-from pipelinerl.plan.cluster import CLUSTER_FORM, Cluster, parse_cluster
+from pipelinerl.plan.cluster import CLUSTER_FORM
 from pipelinerl.plan.figures import sweep_figure
 from pipelinerl.plan.lengths import LENGTH_FORMS, Lengths, parse_lengths
-from pipelinerl.plan.predict import (
-    SWEEP_FORM,
-    Sweep,
-    SweepPoint,
-    parse_sweep,
-    predict,
-    recommend,
-    sweep_points,
-)
-from pipelinerl.plan.profile import CostProfile, ProfileError, resolve_profile, shipped_profiles
+from pipelinerl.plan.predict import SWEEP_FORM, SweepPoint, parse_sweep
+from pipelinerl.plan.profile import ProfileError, resolve_profile, shipped_profiles
+from pipelinerl.plan.report import Plan, make_plan, save_plan
 from pipelinerl.plan.simulate import SimulatedRun
-from pipelinerl.platform.config import ConfigError, PipelineConfig, load_config
+from pipelinerl.platform.config import ConfigError, load_config
 
 console = Console()
 plan_app = typer.Typer(
@@ -75,6 +67,10 @@ def plan_command(
         Path | None, typer.Option("--figure", help="With --sweep: write its figure here (.png or .svg).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    save: Annotated[
+        bool,
+        typer.Option("--save", help="Also save the plan under run.home/plans (the dashboard's Plan page)."),
+    ] = False,
 ) -> None:
     """Predict the configuration's run before launching it: simulated in each mode under a cost
     profile (samples/s, idle shares, lag), on a cluster, or across a sweep of one setting."""
@@ -82,34 +78,41 @@ def plan_command(
         return
     if profile is None or lengths is None:
         raise _fail("give --profile (a file or a shipped name) and --lengths (" + LENGTH_FORMS + ")")
-    sets = set_ or []
     try:
-        resolved = load_config(config, sets)
-        chosen = resolve_profile(profile)
+        resolved = load_config(config, set_ or [])
         drawn = lengths_from(lengths, resolved.actor.max_new_tokens)
         mode_list = [mode.strip() for mode in modes.split(",") if mode.strip()]
-        planned = parse_cluster(cluster) if cluster else None
-        if sweep is None:
-            runs = predict(resolved, chosen, drawn, mode_list, prompt_tokens, planned, seed)
-        else:
-            axis = parse_sweep(sweep)
-            points = swept(
-                axis, config, sets, chosen, drawn, mode_list, prompt_tokens, planned, seed, as_json
+        total = len(parse_sweep(sweep).values) if sweep else 0
+        with Progress(console=console, disable=as_json or not total, transient=True) as progress:
+            task = progress.add_task(f"sweeping {sweep}", total=total)
+            made = make_plan(
+                resolved,
+                profile,
+                drawn,
+                lengths,
+                mode_list,
+                prompt_tokens,
+                cluster,
+                sweep,
+                seed,
+                on_point=lambda _: progress.advance(task),
             )
     except (ConfigError, ProfileError, ValueError) as error:  # ClusterError is a ValueError
         raise _fail(str(error)) from None
-    if sweep is None:
-        show_runs(runs, as_json, planned)
+    if save:
+        saved = save_plan(resolved.run.home, made.to_json(), name="sweep" if made.best else "plan")
+        console.print(f"plan saved to {saved}", highlight=False, soft_wrap=True)
+    if made.best is None:
+        show_runs(made, as_json)
         return
-    best, reason = recommend(points, mode_list[0], axis.name)
     if figure is not None:
-        title = f"{chosen.name}" + (f", {planned}" if planned else "") + f": {axis.name} swept"
-        sweep_figure(points, axis.name, best, title).savefig(figure, dpi=120)
+        title = f"{made.asked['profile']}" + (f", {cluster}" if cluster else "") + f": {made.swept} swept"
+        sweep_figure(made.points, made.swept or "", made.best, title).savefig(figure, dpi=120)
     if as_json:
-        print(json.dumps(sweep_json(axis.name, points, best, reason), indent=2))
+        print(json.dumps(made.to_json(), indent=2))
         return
-    console.print(sweep_table(axis.name, points))
-    console.print(f"recommended: {reason}", highlight=False, soft_wrap=True)
+    console.print(sweep_table(made.swept or "", made.points))
+    console.print(f"recommended: {made.reason}", highlight=False, soft_wrap=True)
     if figure is not None:
         console.print(f"figure written to {figure}", highlight=False)
 
@@ -120,40 +123,13 @@ def lengths_from(text: str, max_new_tokens: int) -> Lengths:
     return parse_lengths(text, max_new_tokens)
 
 
-def swept(
-    axis: Sweep,
-    config: Path | None,
-    sets: list[str],
-    profile: CostProfile,
-    lengths: Lengths,
-    modes: list[str],
-    prompt_tokens: int,
-    cluster: Cluster | None,
-    seed: int,
-    quiet: bool,
-) -> list[SweepPoint]:
-    """Every point of the sweep, with a progress bar unless the output is JSON."""
-    base = load_config(config, sets)
-
-    def config_for(value: int | None) -> PipelineConfig:
-        return base if value is None else load_config(config, [*sets, f"{axis.name}={value}"])
-
-    points = sweep_points(axis, config_for, profile, lengths, modes, prompt_tokens, cluster, seed)
-    with Progress(console=console, disable=quiet, transient=True) as progress:
-        task = progress.add_task(f"sweeping {axis.name}", total=len(axis.values))
-        done = []
-        for point in points:
-            done.append(point)
-            progress.advance(task)
-    return done
-
-
-def show_runs(runs: dict[str, SimulatedRun], as_json: bool, cluster: Cluster | None) -> None:
+def show_runs(made: Plan, as_json: bool) -> None:
     if as_json:
-        print(json.dumps({mode: asdict(run) for mode, run in runs.items()}, indent=2))
+        print(json.dumps(made.to_json()["runs"], indent=2))
         return
-    if cluster is not None:
-        console.print(f"on {cluster}", highlight=False)
+    runs = made.runs
+    if made.asked["cluster"]:
+        console.print(f"on {made.asked['cluster']}", highlight=False)
     console.print(figures_table(runs))
     first, *others = list(runs)
     for other in others:
@@ -180,22 +156,6 @@ def sweep_table(name: str, points: list[SweepPoint]) -> Table:
             f"{runs[0].lag_mean:.2f} / {runs[0].lag_max}" if runs else "",
         )
     return table
-
-
-def sweep_json(name: str, points: list[SweepPoint], best: SweepPoint, reason: str) -> dict[str, object]:
-    return {
-        "swept": name,
-        "recommended": best.value,
-        "reason": reason,
-        "points": [
-            {
-                "value": point.value,
-                "cluster": str(point.cluster) if point.cluster else None,
-                "runs": {mode: asdict(run) for mode, run in point.runs.items()},
-            }
-            for point in points
-        ],
-    }
 
 
 def figures_table(runs: dict[str, SimulatedRun]) -> Table:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import Literal, get_args
 
 from pipelinerl.plan.cluster import (
     Cluster,
@@ -30,7 +31,6 @@ from pipelinerl.plan.from_config import workload_from_config
 from pipelinerl.plan.lengths import Lengths
 from pipelinerl.plan.profile import CostProfile
 from pipelinerl.plan.simulate import SimulatedRun, simulate
-from pipelinerl.plan.workload import SIMULATED_MODES
 from pipelinerl.platform.config import PipelineConfig
 
 SWEEP_FORM = (
@@ -38,7 +38,9 @@ SWEEP_FORM = (
 )
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?::(\d+))?$")
 COLOCATED = "colocated"
-PLAN_MODES = (*SIMULATED_MODES, COLOCATED)
+MAX_SWEEP_VALUES = 256
+PlanMode = Literal["pipeline", "conventional", "async", "colocated"]
+PLAN_MODES: tuple[str, ...] = get_args(PlanMode)
 
 
 def predict(
@@ -97,14 +99,16 @@ def parse_sweep(text: str) -> Sweep:
         low, high, step = int(match.group(1)), int(match.group(2)), int(match.group(3) or 1)
         if step < 1 or high < low:
             raise ValueError(f"sweep {text!r}: LOW..HIGH:STEP needs LOW <= HIGH and STEP >= 1")
+        if (high - low) // step + 1 > MAX_SWEEP_VALUES:  # counted before the range is made
+            raise ValueError(f"sweep {text!r}: {(high - low) // step + 1} values; at most {MAX_SWEEP_VALUES}")
         numbers = tuple(range(low, high + 1, step))
     else:
         try:
             numbers = tuple(int(value) for value in values.split(","))
         except ValueError:
             raise ValueError(f"sweep {text!r}: whole numbers expected; {SWEEP_FORM}") from None
-    if len(numbers) > 256:
-        raise ValueError(f"sweep {text!r}: {len(numbers)} values; at most 256")
+    if len(numbers) > MAX_SWEEP_VALUES:
+        raise ValueError(f"sweep {text!r}: {len(numbers)} values; at most {MAX_SWEEP_VALUES}")
     return Sweep(name, numbers)
 
 

@@ -1,8 +1,10 @@
 """The dashboard's JSON API (``/api/...``), which the pages read and scripts may too.
 
-Every endpoint is read-only. Query parameters are validated (a bad one is a 422 naming it); an
+Every endpoint is read-only but ``POST /api/plan``, which simulates a plan and saves it under the
+platform home (``plans.py``). Query parameters are validated (a bad one is a 422 naming it); an
 unknown run is a 404 with ``{"detail": "no run ... in the platform database"}``; an unreachable
-platform database is a 503 whose ``detail`` names it. ``docs/ui.md`` lists the endpoints with
+platform database is a 503 whose ``detail`` names it; a plan that cannot be made is a 400 whose
+``detail`` names the bad value. ``docs/ui.md`` lists the endpoints with
 examples; ``/openapi.json`` has their schemas.
 """
 
@@ -11,12 +13,23 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Body, HTTPException, Query, Request
+from pydantic import ValidationError
 
 from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.tracking.db import PlatformDatabaseError
+from pipelinerl.ui.plans import (
+    NO_HOME,
+    PlanNotFound,
+    PlanRequest,
+    PlanUnreadable,
+    list_plans,
+    make_plan_from_form,
+    read_plan,
+)
 from pipelinerl.ui.queries import NotFound, RunFilter
 from pipelinerl.ui.sampling import DEFAULT_MAX_POINTS, MAX_MAX_POINTS, MIN_MAX_POINTS
 from pipelinerl.ui.service import Dashboard
@@ -170,3 +183,62 @@ def compare(
     for run_id in run:
         _check_run_id(run_id)
     return _answer(lambda: dashboard(request).compare(run, max_points, target))
+
+
+# ----- plans (pipelinerl plan's predictions, saved under the platform home) -----
+
+
+def _plans_home(request: Request) -> Path | None:
+    return request.app.state.settings.plans_home  # type: ignore[no-any-return]
+
+
+@router.get("/plans", summary="The plans saved under the platform home, newest first")
+def plans(request: Request) -> dict[str, Any]:
+    return list_plans(_plans_home(request))
+
+
+@router.get("/plans/{name}", summary="One saved plan (by its file's stem), as pipelinerl plan --json")
+def plan(request: Request, name: str) -> dict[str, Any]:
+    home = _plans_home(request)
+    if home is None:
+        raise HTTPException(status_code=404, detail=f"no plan {name!r}: {NO_HOME}")
+    try:
+        return read_plan(home, name)
+    except PlanNotFound as error:
+        raise HTTPException(status_code=404, detail=str(error)) from None
+    except PlanUnreadable as error:
+        raise HTTPException(status_code=422, detail=str(error)) from None
+
+
+@router.post(
+    "/plan",
+    summary="Simulate a plan (as pipelinerl plan) and save it under the platform home",
+    openapi_extra={
+        "requestBody": {"content": {"application/json": {"schema": PlanRequest.model_json_schema()}}}
+    },
+)
+def new_plan(
+    request: Request, body: Annotated[dict[str, Any], Body(description="PlanRequest's fields")]
+) -> dict[str, Any]:
+    """The form's plan, simulated and saved: ``{"name": <file stem>, "plan": <the saved plan>}``. Bad
+    input (a profile, cluster, lengths, sweep, mode or setting that cannot be used, or a plan larger
+    than the dashboard simulates in a request) is a 400 whose ``detail`` names it."""
+    home = _plans_home(request)
+    if home is None:
+        raise HTTPException(status_code=503, detail=NO_HOME)
+    try:
+        form = PlanRequest.model_validate(body)
+        name, saved = make_plan_from_form(form, home)
+    except ValidationError as error:
+        raise HTTPException(status_code=400, detail=_form_errors(error)) from None
+    except ValueError as error:  # ConfigError, ProfileError, ClusterError, the limits
+        raise HTTPException(status_code=400, detail=str(error)) from None
+    return {"name": name, "plan": saved}
+
+
+def _form_errors(error: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(part) for part in problem['loc']) or 'form'}: {problem['msg']}"
+        + (f" (got {problem['input']!r})" if problem["type"] != "missing" else "")
+        for problem in error.errors()
+    )

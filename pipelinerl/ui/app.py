@@ -50,6 +50,7 @@ class UiSettings:
     mlflow_ui_url: str | None = None  # MLflow's UI for the run links
     prefect_ui_url: str | None = None  # Prefect's UI for the flow-run links
     poll_interval_s: float = 3.0  # how often the pages refresh
+    plans_home: Path | None = None  # the platform home whose plans/ the Plan page reads; None: no plans
 
 
 def settings_from_config(
@@ -63,7 +64,8 @@ def settings_from_config(
     """The settings for a run configuration's stores (``tracking.database_url`` / ``mlflow_uri``, their
     environment variables, else the platform home), each overridable. The links go to the UIs that
     ``pipelinerl up`` starts unless told otherwise: MLflow's is the tracking server itself when the
-    store is one (http...), Prefect's is ``$PREFECT_UI_URL``."""
+    store is one (http...), Prefect's is ``$PREFECT_UI_URL``. The Plan page's plans are those under
+    ``run.home``."""
     tracking_uri = mlflow_uri or configured_mlflow_uri(config)
     if mlflow_ui_url is None:
         is_server = tracking_uri.startswith(("http://", "https://"))
@@ -75,6 +77,7 @@ def settings_from_config(
         prefect_ui_url=prefect_ui_url
         or os.environ.get("PREFECT_UI_URL")
         or f"http://{DEFAULT_HOST}:{DEFAULT_PREFECT_UI_PORT}",
+        plans_home=config.run.home,
     )
 
 
@@ -94,7 +97,7 @@ def create_app(settings: UiSettings) -> FastAPI:
     app = FastAPI(
         lifespan=lifespan,
         title="PipelineRL dashboard",
-        summary="Runs, the live pipeline and comparisons, read from the platform database and MLflow.",
+        summary="Runs, the live pipeline, comparisons and plans: the platform database, MLflow, the home.",
         docs_url=None,
         redoc_url=None,
     )

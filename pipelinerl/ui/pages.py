@@ -1,5 +1,6 @@
-"""The dashboard's HTML pages: runs, one run (live), compare. Each page is a Jinja2 template that
-the browser fills from the JSON API (``static/dashboard.js``), refreshing every few seconds.
+"""The dashboard's HTML pages: runs, one run (live), compare, plan. Each page is a Jinja2 template
+that the browser fills from the JSON API (``static/dashboard.js``), refreshing every few seconds (the
+Plan page once, and again after its form made a plan).
 
 The server checks only what makes a page meaningful: an unknown run or experiment is a 404 page
 that says so; an unreachable database still serves the page, whose banner names the database
@@ -16,7 +17,12 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from pipelinerl.plan.cluster import CLUSTER_FORM
+from pipelinerl.plan.lengths import LENGTH_FORMS
+from pipelinerl.plan.predict import PLAN_MODES, SWEEP_FORM
+from pipelinerl.plan.profile import shipped_profiles
 from pipelinerl.platform.tracking.db import PlatformDatabaseError
+from pipelinerl.ui import plans
 from pipelinerl.ui.api import ID_PATTERN, dashboard
 from pipelinerl.ui.queries import RunNotFound
 from pipelinerl.ui.service import COMPARE_KINDS
@@ -80,3 +86,42 @@ def compare_page(request: Request, run: Annotated[list[str] | None, Query()] = N
         except PlatformDatabaseError:
             break
     return _page(request, "compare.html", run_ids=run, title="compare " + ", ".join(run))
+
+
+@router.get("/plan", response_class=HTMLResponse, include_in_schema=False)
+def plan_page(request: Request, name: Annotated[str | None, Query(max_length=200)] = None) -> Response:
+    """The saved plans and the one chosen (default: the newest), and the form that makes a new one."""
+    home = request.app.state.settings.plans_home
+    if name is not None:
+        try:
+            if home is None:
+                raise plans.PlanNotFound(f"no plan {name!r}: {plans.NO_HOME}")
+            plans.read_plan(home, name)
+        except plans.PlanNotFound as error:
+            return _not_found(request, str(error))
+        except plans.PlanUnreadable:
+            pass  # the page says why, as for the list
+    return _page(
+        request,
+        "plan.html",
+        selected=name,
+        plans_dir=None if home is None else str(plans.plans_dir(home)),
+        profiles=list(shipped_profiles()),
+        modes=PLAN_MODES,
+        form={
+            "profile": plans.DEFAULT_PROFILE,
+            "cluster": plans.DEFAULT_CLUSTER,
+            "lengths": plans.DEFAULT_LENGTHS,
+            "sweep_example": plans.DEFAULT_SWEEP_EXAMPLE,
+            "modes": plans.DEFAULT_MODES,
+            "settings": "\n".join(plans.DEFAULT_SETTINGS),
+            "prompt_tokens": plans.DEFAULT_PROMPT_TOKENS,
+        },
+        forms={"cluster": CLUSTER_FORM, "lengths": LENGTH_FORMS, "sweep": SWEEP_FORM},
+        limits={
+            "steps": plans.MAX_PLAN_STEPS,
+            "sweep_values": plans.MAX_SWEEP_VALUES,
+            "gpus": plans.MAX_CLUSTER_GPUS,
+            "samples": plans.MAX_SIMULATED_SAMPLES,
+        },
+    )

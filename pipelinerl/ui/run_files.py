@@ -7,17 +7,20 @@ are in the trainer's ``metrics.jsonl``. Likewise the preprocessor's ``preprocess
 only place that says how many batches wait ahead of the trainer. Those files are read here,
 read-only, and incrementally: a poll reads only the bytes appended since the last one. A trainer
 record written before the metric renames is read under the current names
-(``metric_registry.canonical_record``).
+(``metric_registry.canonical_record``). A planned run's ``plan_prediction.json`` (the simulator's
+prediction beside what the run measured, written at its end) is read whole (``read_prediction``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelinerl.plan.measured import COMPARED, PREDICTION_FILE
 from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.tracking.metric_registry import Record, canonical_record
 
@@ -113,3 +116,57 @@ class RunFiles:
                         tail.records.append({key: record[key] for key in keys if key in record})
                 tail.offset += complete
             return list(tail.records)
+
+
+# The run page's "predicted vs measured" rows: (label, the measured figure; the predicted one it is
+# compared with is plan.measured.COMPARED's).
+PREDICTION_ROWS = (
+    ("samples/s after the first step", "steady_samples_per_s"),
+    ("actor idle", "actor_idle"),
+    ("trainer idle after the first step", "trainer_idle"),
+    ("lag mean", "lag_mean"),
+    ("lag max", "lag_max"),
+)
+
+
+def _figure(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def read_prediction(run_dir: Path) -> dict[str, Any] | None:
+    """The simulator's prediction of the run beside what it measured (``plan_prediction.json``, written
+    at a planned run's end: ``plan/measured.py``), as the run page's rows; ``{"error": ...}`` when the
+    run wrote why it could not compare; None when there is no such file or it is damaged (the page
+    then leaves the table out)."""
+    try:
+        data = json.loads((run_dir / PREDICTION_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    if isinstance(data.get("error"), str):
+        return {"error": data["error"], "rows": []}
+    predicted, seen = data.get("predicted"), data.get("measured")
+    if not isinstance(predicted, dict) or not isinstance(seen, dict):
+        return None
+    rows = []
+    for label, name in PREDICTION_ROWS:
+        before, after = _figure(predicted.get(COMPARED.get(name, name))), _figure(seen.get(name))
+        if before is None or after is None:
+            continue
+        rows.append(
+            {
+                "figure": name,
+                "label": label,
+                "predicted": before,
+                "measured": after,
+                "difference": before - after,
+                "relative": (before - after) / after if after else None,
+            }
+        )
+    if not rows:
+        return None
+    asked = {key: data.get(key) for key in ("profile", "lengths", "mode")}
+    return {**{key: value if isinstance(value, str) else None for key, value in asked.items()}, "rows": rows}

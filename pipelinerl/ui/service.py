@@ -4,9 +4,10 @@ returns the JSON-ready payloads of the API. No web framework here; ``api.py`` ma
 Where each number comes from: the platform database for runs, steps, lag histograms, policy
 versions, update pauses (the trainer's broadcast and actor 0's pause) and checkpoints; MLflow for
 the actors' throughput and idle fraction, the rollout queue, held-out evaluations and restarts; the
-run directory for lag by token position, multi-version sequences and the batches waiting ahead of
-the trainer (see ``run_files.py``). An unreadable MLflow or run directory leaves those parts empty
-and says why in ``warnings``; an unreadable database is an error (``PlatformDatabaseError``).
+run directory for lag by token position, multi-version sequences, the batches waiting ahead of
+the trainer and a planned run's prediction beside what it measured (see ``run_files.py``). An
+unreadable MLflow or run directory leaves those parts empty and says why in ``warnings``; an
+unreadable database is an error (``PlatformDatabaseError``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pipelinerl.ui.queries import (
     RunFilter,
     RunListRow,
 )
-from pipelinerl.ui.run_files import RunFiles, run_directory
+from pipelinerl.ui.run_files import RunFiles, read_prediction, run_directory
 from pipelinerl.ui.sampling import keep_indices
 from pipelinerl.ui.series import (
     STAGE_WINDOW,
@@ -214,7 +215,8 @@ class Dashboard:
 
     def live(self, run_id: str, max_points: int) -> dict[str, Any]:
         """What the run page refreshes every few seconds besides the step series: the stage boxes,
-        held-out evaluations, update pauses by phase, multi-version sequences, checkpoints, restarts."""
+        held-out evaluations, update pauses by phase, multi-version sequences, checkpoints, restarts,
+        and a planned run's prediction beside what it measured."""
         row = self.database.run(run_id)
         now = datetime.now(UTC)
         warnings: list[str] = []
@@ -283,6 +285,8 @@ class Dashboard:
                 {"restart": int(p.value), "version": p.step, "wall_s": round(p.timestamp_s - started, 3)}
                 for p in histories.get(RESTARTS, [])
             ],
+            # the simulator's prediction beside what the run measured (a planned run, once ended)
+            "prediction": read_prediction(run_dir) if run_dir else None,
             "warnings": warnings,
         }
 

@@ -92,5 +92,9 @@ def test_a_sweep_of_a_setting_loads_the_config_at_each_value(tmp_path) -> None:
     done = plan(tmp_path, "--lengths", "fixed:20", *SMALL, "--sweep", "actor.max_in_flight=8,16,32", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     assert [point["value"] for point in json.loads(done.stdout)["points"]] == [8, 16, 32]
+    saved = plan(tmp_path, "--lengths", "fixed:20", *SMALL, f"--set=run.home={tmp_path / 'home'}", "--save")
+    assert saved.returncode == 0 and "plan saved to" in saved.stdout, saved.stdout + saved.stderr
+    (path,) = (tmp_path / "home" / "plans").glob("*-plan.json")
+    assert set(json.loads(path.read_text())["runs"]) == {"pipeline", "conventional"}
     bad = plan(tmp_path, "--lengths", "fixed:20", *SMALL, "--sweep", "actor.max_in_flight=0,8")
     assert bad.returncode == 2 and "actor.max_in_flight" in bad.stdout + bad.stderr

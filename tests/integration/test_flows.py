@@ -14,9 +14,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.testing.utilities import prefect_test_harness
 
 from pipelinerl.flows.deploy import DeployError, _ensure_work_pools
+from pipelinerl.flows.plan_flow import plan
 from pipelinerl.flows.sweep import sweep
 from pipelinerl.platform.config import load_config
 from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
@@ -82,3 +84,41 @@ def test_deploy_accepts_the_docker_and_kubernetes_pools_the_cluster_guide_create
                 await _ensure_work_pools(client, ["odd"])
 
     asyncio.run(check())
+
+
+def test_the_plan_flow_sweeps_the_split_and_leaves_its_artifacts_and_the_saved_plan(
+    prefect_harness, tmp_path
+):
+    """The ``plan`` flow as the Prefect form runs it: a sweep of the split of 16 H100s for a 7B run, with
+    its table and summary artifacts, the plan saved under the home (for the dashboard) and its figure."""
+    config = load_config(
+        None, [f"run.home={tmp_path / 'home'}", "rl.batch_size=64", "rl.group_size=8", "run.max_steps=8"]
+    )
+    result = plan(
+        config=config,
+        profile="h100-7b",
+        lengths="loglogistic:300,900",
+        cluster="actors=8xH100,trainers=8xH100",
+        sweep="actor_gpus=4..12:4",
+        modes=["pipeline", "colocated"],
+    )
+    assert [point["value"] for point in result["points"]] == [4, 8, 12]
+    assert result["recommended"] in (4, 8, 12) and result["reason"].startswith("actor_gpus=")
+    (saved,) = (tmp_path / "home" / "plans").glob("*-sweep.json")
+    assert json.loads(saved.read_text())["recommended"] == result["recommended"]
+    assert saved.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+    async def artifacts() -> dict[str, object]:
+        async with get_client() as client:
+            keys = ["plan-table", "plan-summary"]
+            found = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys))
+            )
+            return {artifact.key: artifact.data for artifact in found}
+
+    found = asyncio.run(artifacts())
+    table = json.loads(found["plan-table"]) if isinstance(found["plan-table"], str) else found["plan-table"]
+    assert {(row["actor_gpus"], row["mode"]) for row in table} == {
+        (value, mode) for value in (4, 8, 12) for mode in ("pipeline", "colocated")
+    }
+    assert f"Recommended: actor_gpus={result['recommended']}" in str(found["plan-summary"])

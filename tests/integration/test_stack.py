@@ -285,6 +285,7 @@ def test_up_serves_prefect_mlflow_and_the_deployments(stack):
             for name in (
                 "rl-run/default",
                 "compare/default",
+                "plan/default",
                 "sweep/default",
                 "rl-role/trainers",
                 "rl-role/actors",
@@ -300,6 +301,7 @@ def test_up_serves_prefect_mlflow_and_the_deployments(stack):
     assert pool_of == {
         "rl-run/default": "local",
         "compare/default": "local",
+        "plan/default": "local",
         "sweep/default": "local",
         "rl-role/trainers": "trainers",
         "rl-role/actors": "actors",

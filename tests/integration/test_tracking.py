@@ -67,6 +67,7 @@ def tracked_command(tmp_path_factory, random_model_dir):
         "tracking.figures_every=2",
         "tracking.flush_interval_s=0.5",
         f"transport.base_port={worker_port(22100)}",
+        "run.plan_profile=cpu-2core",  # the run predicted at its end, beside what it measured
     ]
     command = subprocess.run(
         [sys.executable, "-m", "pipelinerl.cli", "run", *[f"--set={setting}" for setting in settings]],
@@ -150,6 +151,31 @@ def test_plan_calibrates_a_profile_on_the_run_and_predicts_it(tracked_command, t
     trained = config.run.max_steps * config.rl.batch_size
     assert run["samples_per_s"] > 0 and run["seconds"] > 0
     assert sum(run["lag_tokens"].values()) >= trained  # every trained sequence has a token or more
+
+
+def test_the_run_is_predicted_beside_what_it_measured(tracked):
+    """``run.plan_profile``: at the run's end the simulator predicts it (its config, its own completion
+    lengths) and the launcher writes both to plan_prediction.json and MLflow's plan/... metrics."""
+    config, result, client, run, _ = tracked
+    prediction = json.loads((result.run_dir / "plan_prediction.json").read_text())
+    assert prediction["profile"] == "cpu-2core" and prediction["mode"] == "pipeline"
+    assert prediction["predicted"]["samples"] == STEPS * config.rl.batch_size
+    seen = prediction["measured"]
+    records = result.records
+    span = records[-1]["time"] - records[0]["time"]
+    assert seen["steady_samples_per_s"] == pytest.approx((STEPS - 1) * config.rl.batch_size / span)
+    assert seen["lag_max"] == result.summary["lag_max"]
+    assert seen["lag_mean"] == pytest.approx(result.summary["lag_mean"], abs=1e-9)
+    logged = {
+        key: metric.value
+        for key in run.data.metrics
+        if key.startswith("plan/")
+        for metric in client.get_metric_history(run.info.run_id, key)
+    }
+    assert logged["plan/measured/steady_samples_per_s"] == pytest.approx(seen["steady_samples_per_s"])
+    assert logged["plan/predicted/lag_mean"] == pytest.approx(prediction["predicted"]["lag_mean"])
+    assert set(logged) == {f"plan/{side}/{name}" for side in ("predicted", "measured") for name in seen}
+    assert "plan_prediction.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
 def test_run_params_and_tags(tracked):

@@ -78,6 +78,16 @@ class RunConfig(Section):
         description="When a stage crashes, stop every stage and start them all again from the run's "
         "latest checkpoint (or from the start), at most this many times; 0: a crash fails the run.",
     )
+    plan_profile: str | None = Field(
+        None,
+        description="A cost profile (a shipped name from `pipelinerl plan profiles`, or a profile file): "
+        "when the run ends, the simulator predicts it from this profile and the run's own completion "
+        "lengths, and the prediction is logged beside what the run measured (MLflow plan/predicted/... "
+        "and plan/measured/..., plan_prediction.json in the run directory). Empty: no prediction.",
+    )
+    plan_prompt_tokens: int = Field(
+        40, ge=0, description="Tokens per prompt the prediction of run.plan_profile assumes."
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -63,6 +63,8 @@ PLACEHOLDERS: dict[str, tuple[str, str]] = {
     "reason": (r"[a-z_]+", "stale"),  # why the preprocessor dropped a sample
     "k": (r"[1-9][0-9]*", "4"),  # pass@k
     "actor": (r"[0-9]+", "1"),  # an actor's id
+    "side": (r"predicted|measured", "predicted"),  # a plan's figure as the simulator or the run gave it
+    "figure": (r"[a-z_]+", "samples_per_s"),  # a figure the simulator predicts (plan/measured.py)
 }
 
 
@@ -163,6 +165,7 @@ LEDGER_DUPLICATES, RUN_RESTARTS = "ledger/duplicates", "run/restarts"
 RESTART_DISCARDED_VERSIONS = "restart/discarded_versions"
 RESTART_DISCARDED_ROLLOUTS, RESTART_LOST_IN_FLIGHT = "restart/discarded_rollouts", "restart/lost_in_flight"
 SUMMARY = "summary/{field}"  # a numeric field of summary.json, logged at the run's end
+PLAN = "plan/{side}/{figure}"  # run.plan_profile: the simulator's prediction of the run, and what it measured
 
 _TRAINER: frozenset[Record] = frozenset({"trainer"})
 _ACTOR: frozenset[Record] = frozenset({"actor"})
@@ -324,6 +327,8 @@ _STAGE_METRICS: tuple[Metric, ...] = (
     Metric(RESTART_DISCARDED_ROLLOUTS, "tracker", "rollouts", "rollouts trained into them", mlflow=True),
     Metric(RESTART_LOST_IN_FLIGHT, "tracker", "rollouts", "rollouts in flight at the crash",
            mlflow=True),
+    Metric(PLAN, "launcher", "as the figure", "with run.plan_profile, at the run's end: a figure of the run "
+           "as the simulator predicted it (plan/measured.py) and as the run measured it", mlflow=True),
 )
 
 # summary.json's fields (launch/summary.py; the launcher adds the rest); numeric ones reach MLflow as

@@ -260,6 +260,11 @@ class RunTracker:
     def checkpoint(self, checkpoint: CheckpointRecord) -> None:
         self._queue.put(("checkpoint", checkpoint))
 
+    def predicted(self, prediction: dict[str, Any], metrics: dict[str, float], at_version: int) -> None:
+        """The simulator's prediction of the run beside what it measured (``run.plan_profile``): its
+        ``plan/...`` metrics at ``at_version``, and the whole as the artifact ``plan_prediction.json``."""
+        self._queue.put(("plan", (prediction, metrics, at_version)))
+
     def restarted(self, restarts: int, discarded: Discarded) -> None:
         """The stages were started again (``run.max_restarts``), the ``restarts``-th time, from the
         checkpoint at ``discarded.resumed_from_version``; the versions after it are discarded."""
@@ -352,6 +357,13 @@ class RunTracker:
                 )
         elif kind == "restart":
             self._restart(*payload)
+        elif kind == "plan":
+            prediction, metrics, version = payload
+            now = time.time()
+            self._points.extend(MetricPoint(key, value, version, now) for key, value in metrics.items())
+            store, mlflow_run = self.mlflow, self.mlflow_run_id
+            if store is not None and mlflow_run is not None:
+                self._writes.append(lambda: store.log_dict(mlflow_run, prediction, "plan_prediction.json"))
         elif kind == "checkpoint":
             mlflow, run_id, name = self.mlflow, self.mlflow_run_id, self.config.run.name
             if mlflow is not None and run_id is not None:

@@ -33,6 +33,23 @@ const Dashboard = (() => {
     return body;
   }
 
+  async function post(path, body) {
+    let response;
+    try {
+      response = await fetch(path, {
+        method: "POST", headers: { Accept: "application/json", "Content-Type": "application/json" }, body: JSON.stringify(body),
+      });
+    } catch (error) {
+      throw new ApiError(0, "the dashboard server is not reachable (" + error.message + ")");
+    }
+    const answer = await response.json().catch(() => ({}));
+    if (!response.ok) {
+      const detail = typeof answer.detail === "string" ? answer.detail : JSON.stringify(answer.detail || answer);
+      throw new ApiError(response.status, detail);
+    }
+    return answer;
+  }
+
   function banner(message) {
     const element = document.getElementById("banner");
     if (!message) { element.hidden = true; element.textContent = ""; return; }
@@ -166,6 +183,7 @@ const Dashboard = (() => {
       document.getElementById("run-warnings").textContent = [...run.warnings, ...live.warnings, ...heatmap.warnings].join(" ");
       drawStages(live.stages);
       drawRunCharts(steps, live, histogram, heatmap);
+      drawPrediction(live.prediction);
       return run.status === "running";  // a finished run is drawn once
     });
   }
@@ -182,6 +200,28 @@ const Dashboard = (() => {
     stage("stage-trainer", num(stages.trainer.tokens_per_s, 0) + " " + stages.trainer.units.tokens_per_s, stages.trainer.idle_fraction);
     document.querySelector("#queue-rollouts span").textContent = stages.rollout_queue ?? "–";
     document.querySelector("#queue-batches span").textContent = stages.batches_ahead ?? "–";
+  }
+
+  // A planned run's prediction beside what it measured (plan_prediction.json); absent otherwise.
+  const PREDICTION_DIGITS = { lag_max: 0 };
+  function drawPrediction(prediction) {
+    const section = document.getElementById("prediction");
+    if (!prediction) { section.hidden = true; return; }
+    section.hidden = false;
+    const about = document.getElementById("prediction-about");
+    if (prediction.error) {
+      about.textContent = "Not compared: " + prediction.error;
+      document.querySelector("#prediction-table tbody").innerHTML = "";
+      return;
+    }
+    about.textContent = `simulated in ${prediction.mode ?? "–"} mode with profile ${prediction.profile ?? "–"} and lengths ${prediction.lengths ?? "–"}; difference: predicted − measured`;
+    document.querySelector("#prediction-table tbody").innerHTML = prediction.rows.map((row) => {
+      const digits = PREDICTION_DIGITS[row.figure] ?? 2;
+      const sign = row.difference > 0 ? "+" : "";
+      const relative = row.relative === null ? "" : ` (${row.relative > 0 ? "+" : ""}${Math.round(100 * row.relative)} %)`;
+      return `<tr data-figure="${escapeHtml(row.figure)}"><td>${escapeHtml(row.label)}</td><td class="num">${num(row.predicted, digits)}</td>`
+        + `<td class="num">${num(row.measured, digits)}</td><td class="num">${sign}${num(row.difference, digits)}${relative}</td></tr>`;
+    }).join("");
   }
 
   // The raw train reward (faint) and its trailing mean (the series the time to target is read from).
@@ -275,5 +315,152 @@ const Dashboard = (() => {
     </tr>`).join("");
   }
 
-  return { runsPage, runPage, comparePage };
+  // ----- plans (the simulator's predictions, saved under the platform home) -----
+
+  // One colour per mode, the same in every plan.
+  const MODE_COLOURS = { pipeline: PALETTE[0], conventional: PALETTE[1], async: PALETTE[2], colocated: PALETTE[3] };
+  const modeColour = (mode, i) => MODE_COLOURS[mode] || PALETTE[(i + 4) % PALETTE.length];
+  const planUrl = (name) => "/plan?name=" + encodeURIComponent(name);
+  const breakable = (text) => escapeHtml(text).replace(/,/g, ",<wbr>");  // a long cluster wraps at its commas
+
+  function planPage(selected) {
+    const form = document.getElementById("plan-form");
+    const submit = document.getElementById("plan-submit");
+    const status = document.getElementById("plan-status");
+    const error = document.getElementById("plan-error");
+    let current = selected;
+
+    async function showList() {
+      const data = await api("/api/plans");
+      document.getElementById("plans-message").textContent = data.warnings.join(" ");
+      document.getElementById("no-plans").hidden = data.plans.length > 0;
+      document.querySelector("#plans tbody").innerHTML = data.plans.map((plan) => `
+        <tr data-plan-name="${escapeHtml(plan.name)}"${plan.name === current ? ' class="selected"' : ""}>
+          <td>${localTime(plan.created)}</td><td><a href="${planUrl(plan.name)}">${escapeHtml(plan.name)}</a></td>
+          <td>${escapeHtml(plan.profile ?? "–")}</td><td>${breakable(plan.cluster ?? "–")}</td>
+          <td>${plan.swept ? breakable(plan.sweep || plan.swept) : escapeHtml(plan.modes.join(", "))}</td>
+          <td class="num">${plan.swept ? escapeHtml(`${plan.swept}=${plan.recommended}`) : "–"}</td>
+        </tr>`).join("");
+      return data;
+    }
+
+    async function load() {
+      try {
+        const list = await showList();
+        if (!current && list.plans.length) current = list.plans[0].name;
+        if (current) drawPlan(current, await api("/api/plans/" + encodeURIComponent(current)));
+        banner(null);
+      } catch (failure) {
+        banner(failure.message);
+      }
+    }
+
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const prompt = document.getElementById("plan-prompt-tokens");
+      const body = {
+        profile: form.elements.profile.value,
+        cluster: form.elements.cluster.value,
+        lengths: form.elements.lengths.value,
+        sweep: form.elements.sweep.value,
+        modes: [...form.querySelectorAll("input[name=modes]:checked")].map((box) => box.value),
+        settings: form.elements.settings.value,
+        prompt_tokens: Number.isFinite(prompt.valueAsNumber) ? prompt.valueAsNumber : prompt.value,
+      };
+      error.hidden = true;
+      error.textContent = "";
+      submit.disabled = true;
+      status.textContent = "simulating…";
+      try {
+        const made = await post("/api/plan", body);
+        current = made.name;
+        history.replaceState(null, "", planUrl(made.name));
+        await showList();
+        drawPlan(made.name, made.plan);
+        status.textContent = "saved as " + made.name;
+      } catch (failure) {
+        status.textContent = "";
+        error.textContent = failure.message;
+        error.hidden = false;
+      } finally {
+        submit.disabled = false;
+      }
+    });
+    load();
+  }
+
+  function askedText(plan) {
+    const asked = plan.asked;
+    return [
+      `profile ${asked.profile}`, asked.cluster ? `cluster ${asked.cluster}` : "no cluster (the configuration's actors)",
+      `lengths ${asked.lengths}`, `prompt tokens ${asked.prompt_tokens}`, `modes ${asked.modes.join(", ")}`,
+      asked.sweep ? `sweep ${asked.sweep}` : null, `seed ${asked.seed}`,
+      plan.created ? `created ${String(plan.created).replace(/^(\d{4})(\d\d)(\d\d)-(\d\d)(\d\d)(\d\d)$/, "$1-$2-$3 $4:$5:$6")} UTC` : null,
+    ].filter(Boolean).join(" · ");
+  }
+
+  const PLAN_COLUMNS = [
+    ["samples/s", (r) => num(r.samples_per_s, 2)],
+    ["samples/s after the first step", (r) => num(r.steady_samples_per_s, 2)],
+    ["actor idle", (r) => num(r.actor_idle, 2)],
+    ["trainer idle", (r) => num(r.trainer_idle, 2)],
+    ["lag mean", (r) => num(r.lag_mean, 2)],
+    ["lag max", (r) => r.lag_max ?? "–"],
+    ["seconds", (r) => num(r.seconds, 1)],
+  ];
+
+  function drawPlan(name, plan) {
+    document.getElementById("plan-view").hidden = false;
+    document.getElementById("plan-name").textContent = name;
+    document.getElementById("plan-asked").textContent = askedText(plan);
+    for (const row of document.querySelectorAll("#plans tbody tr")) row.classList.toggle("selected", row.dataset.planName === name);
+    const sweep = Array.isArray(plan.points);
+    document.getElementById("plan-sweep-view").hidden = !sweep;
+    document.getElementById("plan-plain-view").hidden = sweep;
+    const head = (first) => "<tr>" + [...first, ...PLAN_COLUMNS.map(([title]) => title)].map((t) => `<th>${escapeHtml(t)}</th>`).join("") + "</tr>";
+    const cells = (run) => PLAN_COLUMNS.map(([, cell]) => `<td class="num">${cell(run)}</td>`).join("");
+    if (!sweep) {
+      const modes = Object.keys(plan.runs);
+      document.querySelector("#plan-runs thead").innerHTML = head(["mode"]);
+      document.querySelector("#plan-runs tbody").innerHTML = modes.map((mode) =>
+        `<tr data-mode="${escapeHtml(mode)}"><td>${escapeHtml(mode)}</td>${cells(plan.runs[mode])}</tr>`).join("");
+      const ratios = Object.entries(plan.speedups || {});
+      document.getElementById("plan-speedups").textContent = ratios.length
+        ? "Speed-up: " + ratios.map(([other, ratio]) => `${modes[0]} gives ${num(ratio, 2)}× the samples/s of ${other}`).join("; ") + "."
+        : "";
+      return;
+    }
+    const modes = plan.asked.modes.filter((mode) => plan.points.length && mode in plan.points[0].runs);
+    const x = plan.points.map((point) => point.value);
+    const best = plan.points.find((point) => point.value === plan.recommended);
+    document.getElementById("plan-recommended").textContent = `${plan.swept}=${plan.recommended}`;
+    document.getElementById("plan-first-mode").textContent = modes[0] ?? "–";
+    document.getElementById("plan-reason").textContent = plan.reason;
+    const marked = {
+      shapes: [{ type: "line", x0: plan.recommended, x1: plan.recommended, yref: "paper", y0: 0, y1: 1, line: { color: "#555", dash: "dot", width: 1 } }],
+    };
+    const speed = modes.map((mode, i) => ({
+      x, y: plan.points.map((point) => point.runs[mode].samples_per_s), name: mode, mode: "lines+markers", line: { color: modeColour(mode, i), width: 2.5 },
+    }));
+    if (best && modes.length) {
+      speed.push({
+        x: [plan.recommended], y: [best.runs[modes[0]].samples_per_s], name: `recommended: ${plan.swept}=${plan.recommended}`,
+        mode: "markers", marker: { symbol: "star", size: 16, color: "#1d232a" },
+      });
+    }
+    draw("chart-plan-speed", speed, layout(`Predicted samples/s against ${plan.swept} (dotted: recommended)`, plan.swept, "samples/s", marked));
+    const idle = modes.flatMap((mode, i) => [
+      { x, y: plan.points.map((point) => point.runs[mode].actor_idle), name: `${mode} actor idle`, mode: "lines+markers", line: { color: modeColour(mode, i) } },
+      { x, y: plan.points.map((point) => point.runs[mode].trainer_idle), name: `${mode} trainer idle`, mode: "lines+markers", line: { color: modeColour(mode, i), dash: "dash" } },
+    ]);
+    draw("chart-plan-idle", idle, layout(`Idle shares against ${plan.swept} (actors solid, trainer dashed)`, plan.swept, "share of the time idle",
+      { ...marked, yaxis: { range: [0, 1.05], title: { text: "share of the time idle" } } }));
+    document.querySelector("#plan-points thead").innerHTML = head([plan.swept, "cluster", "mode"]);
+    document.querySelector("#plan-points tbody").innerHTML = plan.points.flatMap((point) => modes.map((mode) => `
+      <tr data-value="${point.value}" data-mode="${escapeHtml(mode)}"${point.value === plan.recommended ? ' class="recommended"' : ""}>
+        <td class="num">${point.value}</td><td>${escapeHtml(point.cluster ?? "–")}</td><td>${escapeHtml(mode)}</td>${cells(point.runs[mode])}
+      </tr>`)).join("");
+  }
+
+  return { runsPage, runPage, comparePage, planPage };
 })();

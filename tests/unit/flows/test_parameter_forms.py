@@ -8,6 +8,7 @@ import re
 from prefect.utilities.callables import parameter_schema
 
 from pipelinerl.flows.compare import compare
+from pipelinerl.flows.plan_flow import plan
 from pipelinerl.flows.rl_run import rl_run
 from pipelinerl.flows.sweep import sweep
 
@@ -36,7 +37,7 @@ def test_parameter_form_shows_config_fields_with_descriptions():
 
 def test_every_form_parameter_is_described_and_no_description_hides_a_placeholder():
     """Prefect's form renders descriptions as markdown, where ``<run-id>`` is swallowed as a tag."""
-    for flow in (rl_run, compare, sweep):
+    for flow in (rl_run, compare, sweep, plan):
         schema = parameter_schema(flow).model_dump()
         for name, parameter in schema["properties"].items():
             assert parameter.get("description"), f"{flow.name}: parameter {name} has no description"
@@ -46,3 +47,9 @@ def test_every_form_parameter_is_described_and_no_description_hides_a_placeholde
                 text = field.get("description", "")
                 assert not re.search(r"<[A-Za-z][\w-]*>", text), f"{flow.name}: {name}: {text!r}"
     assert parameter_schema(compare).model_dump()["properties"]["modes"]["minItems"] == 2
+
+
+def test_the_plan_form_offers_the_modes_and_the_shipped_profile() -> None:
+    properties = parameter_schema(plan).model_dump()["properties"]
+    assert properties["modes"]["items"]["enum"] == ["pipeline", "conventional", "async", "colocated"]
+    assert properties["profile"]["default"] == "h100-7b" and properties["prompt_tokens"]["minimum"] == 0
