@@ -65,6 +65,23 @@ CASES = [
         ("pipeline", "colocated"),
     ),
     Case(
+        "verl fully_async_policy, 32 GPUs (H20; the H100 7B profile): Qwen2.5-Math-7B, DAPO, 28K tokens, "
+        "512 prompts x 16 a generation, 16 optimizer steps of 32 prompts on it; async 16:16 vs colocated",
+        "2.68x per step (790.10 s -> 294.77 s; volcengine/verl recipe/fully_async_policy/README.md)",
+        [
+            "rl.batch_size=512",
+            "rl.group_size=16",
+            "actor.max_in_flight=256",
+            "actor.max_new_tokens=28672",
+            "run.steps_per_round=16",
+            "transport.queue_size=2048",
+        ],  # fmt: skip
+        "h100-7b",
+        Cluster(16, 16, "H100"),
+        ("pipeline", "colocated"),
+        lengths=(3000.0, 9000.0),  # DAPO on math: responses of a few thousand tokens, a tail to the 28K cut
+    ),
+    Case(
         "NeMo-RL in-flight updates: Llama-8B (the 7B profile), 4K tokens; async on 4 train + 1 generation "
         "node against sync on 4",
         "2.56x tokens/s per GPU (NVIDIA-NeMo/RL PR #1381: 478 vs 187; step 60 s -> 21 s)",

@@ -42,7 +42,7 @@ import bisect
 import heapq
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -76,15 +76,17 @@ class SimulatedRun:
     lag_by_position: list[tuple[int, float]] = field(default_factory=list)
 
 
-@dataclass
-class _Sequence:
-    length: int
+class _Sequence(NamedTuple):
+    """A finished sequence: its group, the engine that wrote it and the steps of that engine it spans."""
+
     group: int
-    start: int  # the engine's decode-step count when it was admitted: it ends at start + length
-    versions: list[list[int]] = field(default_factory=list)  # [version, tokens] in order, once finished
+    engine: int
+    start: int  # the engine's decode-step count when it was admitted
+    end: int  # ... and when it finished: it holds end - start tokens
+    first_version: int  # the version that wrote its first token (what ``max_lag`` judges it by)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Chunk:
     """Decode steps under way: from ``start`` for ``steps`` steps of ``in_flight`` sequences."""
 
@@ -94,16 +96,16 @@ class _Chunk:
     context: int
 
 
-@dataclass
+@dataclass(slots=True)
 class _Engine:
     """An engine's sequences are kept by the decode step they end at (a heap), so a run of decode steps
     costs O(log H) whatever H is: every sequence in flight gains a token per step, so the engine counts
     its steps (``steps``) and a sequence's tokens are the steps since it started; which version wrote
-    which of them is read off the engine's ``timeline`` of loads when it finishes."""
+    which of them is read off the engine's ``timeline`` of loads when it is trained."""
 
-    slots: dict[int, _Sequence] = field(default_factory=dict)
-    ends: list[tuple[int, int]] = field(default_factory=list)  # heap of (the step it ends at, its key)
-    starts: int = 0  # the sum of the slots' ``start``: their context is n·prompt + n·steps - starts
+    index: int = 0
+    ends: list[tuple[int, int, int, int]] = field(default_factory=list)  # heap: (end, key, group, start)
+    starts: int = 0  # the sum of the sequences' starts: their context is n·prompt + n·steps - starts
     steps: int = 0  # decode steps taken
     timeline_at: list[int] = field(default_factory=lambda: [0])  # the step from which each version writes
     timeline: list[int] = field(default_factory=lambda: [0])  # ... and that version
@@ -111,7 +113,7 @@ class _Engine:
     pending: int | None = None  # a version that has arrived and is not loaded yet
     draining: bool = False  # async mode: admitting nothing until its sequences finish, then loading
     chunk: _Chunk | None = None
-    outbox: list[_Sequence] = field(default_factory=list)  # finished, waiting for room in the queue
+    outbox: deque[_Sequence] = field(default_factory=deque)  # finished, waiting for room in the queue
     waiting_since: float | None = None  # idle (nothing to do) or blocked (no room) since then
     generation: int = 0  # bumps when its scheduled event is replaced
     idle_s: float = 0.0
@@ -119,19 +121,68 @@ class _Engine:
 
 
 _ENGINE, _TRAINER = 0, 1  # what an event ends: an engine's work, or the trainer's
+_ROW = 1 << 40  # more decode steps than an engine takes: engine e's steps are keyed e·_ROW + step
+
+
+class _Timelines:
+    """The engines' timelines of loads (``_Engine.timeline_at``, ``timeline``) in two arrays, row e for
+    engine e, so that the trainer splits a whole batch's tokens by the versions that wrote them at once
+    (``split``). A load's step is kept as the key e·_ROW + step and a row's unused cells as
+    (e + 1)·_ROW - 1: the flattened keys are sorted, so a searchsorted finds the load in force at any
+    step of any engine."""
+
+    def __init__(self, engines: int, capacity: int = 64) -> None:
+        self.loads = [1] * engines  # each engine's loads so far: the first, version 0 from step 0
+        self.keys = self.unused(engines, capacity)
+        self.keys[:, 0] = np.arange(engines) * _ROW
+        self.versions = np.zeros((engines, capacity), dtype=np.int64)
+
+    @staticmethod
+    def unused(engines: int, capacity: int) -> np.ndarray:
+        return np.repeat(np.arange(1, engines + 1, dtype=np.int64)[:, None] * _ROW - 1, capacity, axis=1)
+
+    def load(self, engine: int, step: int, version: int) -> None:
+        index = self.loads[engine]
+        if index + 1 == self.keys.shape[1]:  # double, keeping an unused cell in every row: its last bound
+            engines, capacity = self.keys.shape
+            self.keys = np.concatenate([self.keys, self.unused(engines, capacity)], axis=1)
+            self.versions = np.concatenate([self.versions, np.zeros_like(self.versions)], axis=1)
+        self.keys[engine, index] = engine * _ROW + step
+        self.versions[engine, index] = version
+        self.loads[engine] = index + 1
+
+    def split(
+        self, engines: np.ndarray, starts: np.ndarray, ends: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The tokens of sequences (engine, start step, end step) by the version that wrote them: for
+        each span of one version, its sequence's index, its first position, its tokens and the version."""
+        return _split(
+            self.keys.ravel(), self.versions.ravel(), engines * _ROW + starts, engines * _ROW + ends
+        )
+
+
+def _split(
+    keys: np.ndarray, versions: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``_Timelines.split`` on the flattened keys (each row with an unused cell after its last load)."""
+    first = np.searchsorted(keys, starts, "right") - 1  # the load in force at a sequence's first step
+    spans = np.searchsorted(keys, ends, "left") - first  # ... to its last load before its end
+    sequence = np.repeat(np.arange(len(starts)), spans)
+    # each sequence's loads in turn, flattened: first, first + 1, ... for its spans
+    load = np.arange(len(sequence)) + np.repeat(first - (np.cumsum(spans) - spans), spans)
+    low = np.maximum(keys[load], starts[sequence])
+    tokens = np.minimum(keys[load + 1], ends[sequence]) - low
+    kept = tokens > 0  # a version replaced at the step it was loaded at wrote nothing
+    return sequence[kept], (low - starts[sequence])[kept], tokens[kept], versions[load][kept]
 
 
 def written_by(engine: _Engine, start: int, end: int) -> list[list[int]]:
-    """[version, tokens] of the engine's decode steps ``start`` to ``end``, from its timeline of loads."""
-    index = bisect.bisect_right(engine.timeline_at, start) - 1
-    written: list[list[int]] = []
-    while index < len(engine.timeline_at) and engine.timeline_at[index] < end:
-        following = engine.timeline_at[index + 1] if index + 1 < len(engine.timeline_at) else end
-        tokens = min(following, end) - max(engine.timeline_at[index], start)
-        if tokens > 0:
-            written.append([engine.timeline[index], tokens])
-        index += 1
-    return written
+    """[version, tokens] of the engine's decode steps ``start`` to ``end``, from its timeline of loads
+    (``_split`` on one sequence: what the trainer counts, a batch at once)."""
+    keys = np.array([*engine.timeline_at, _ROW - 1], dtype=np.int64)
+    versions = np.array([*engine.timeline, 0], dtype=np.int64)
+    _, _, tokens, version = _split(keys, versions, np.array([start]), np.array([end]))
+    return [[v, t] for v, t in zip(version.tolist(), tokens.tolist(), strict=True)]
 
 
 class _Simulation:
@@ -141,7 +192,8 @@ class _Simulation:
         self.now = 0.0
         self.events: list[tuple[float, int, int, int, int]] = []  # time, order, kind, engine, generation
         self.order = 0
-        self.engines = [_Engine() for _ in range(workload.engines)]
+        self.engines = [_Engine(index) for index in range(workload.engines)]
+        self.timelines = _Timelines(workload.engines)
         self.queue: deque[_Sequence] = deque()  # ready: sequences of complete groups
         self.batches: deque[list[_Sequence]] = deque()  # built by the preprocessor, not yet training
         self.incomplete: dict[int, list[_Sequence]] = {}  # group -> its finished samples so far
@@ -153,6 +205,10 @@ class _Simulation:
         self.trainer_idle_s = 0.0
         self.end: float | None = None
         self.first_step: tuple[float, float] | None = None  # its end, and the trainer's idle time then
+        # the workload's settings read at every event, once
+        self.capacity, self.ahead = workload.capacity, workload.ahead
+        self.group_room = max(workload.in_flight, workload.group_size) - workload.group_size  # most held
+        self.conventional = workload.mode == "conventional"
         # conventional mode: the round's version, prompts not yet admitted, sequences not yet finished
         self.round_version = 0
         self.round_prompts = workload.round_size
@@ -160,70 +216,76 @@ class _Simulation:
         self.steps_in_round = 0  # conventional mode: steps taken on the round being trained
         self.lag_tokens: Counter[int] = Counter()
         self.bin_width = max(1, -(-int(workload.lengths.longest) // POSITION_BINS))
-        self.position_lag = np.zeros((POSITION_BINS, 2))  # per span: the lags summed, the tokens
+        # by position: the trained tokens' lags summed and the tokens, as differences (count_positions)
+        self.position_lag = np.zeros((2, self.bin_width * POSITION_BINS + 1), dtype=np.int64)
         self.trained_samples = self.trained_tokens = self.multi_version = self.dropped = 0
 
     # ----- the event queue ----------------------------------------------------------------------------
 
-    def schedule(self, at: float, kind: int, subject: int = 0) -> None:
-        generation = self.engines[subject].generation if kind == _ENGINE else 0
-        heapq.heappush(self.events, (at, self.order, kind, subject, generation))
+    def schedule(self, at: float, engine: _Engine | None = None) -> None:
+        """The engine's next event (void once its generation bumps), or without one the trainer's."""
+        if engine is None:
+            heapq.heappush(self.events, (at, self.order, _TRAINER, 0, 0))
+        else:
+            heapq.heappush(self.events, (at, self.order, _ENGINE, engine.index, engine.generation))
         self.order += 1
 
     def run(self) -> SimulatedRun:
-        for index in range(self.w.engines):
-            self.schedule(0.0, _ENGINE, index)
+        for engine in self.engines:
+            self.schedule(0.0, engine)
+        events, engines = self.events, self.engines
         while self.end is None:
-            if not self.events:
+            if not events:
                 raise RuntimeError(f"the simulated run stalled at version {self.version}, t={self.now:.3f} s")
-            self.now, _, kind, subject, generation = heapq.heappop(self.events)
+            self.now, _, kind, subject, generation = heapq.heappop(events)
             if kind == _ENGINE:
-                if generation == self.engines[subject].generation:
-                    self.engine_ready(subject)
+                if generation == engines[subject].generation:
+                    self.engine_ready(engines[subject])
             else:
                 self.trainer_ready()
         return self.figures()
 
     # ----- engines ------------------------------------------------------------------------------------
 
-    def engine_ready(self, index: int) -> None:
-        engine = self.engines[index]
+    def engine_ready(self, engine: _Engine) -> None:
+        now = self.now
         if engine.waiting_since is not None:
-            engine.idle_s += self.now - engine.waiting_since
+            engine.idle_s += now - engine.waiting_since
             engine.waiting_since = None
         if engine.chunk is not None:
             self.finish_chunk(engine)
-        if not self.flush(engine):
-            engine.waiting_since = self.now  # blocked: the queue is full
+        if engine.outbox and not self.flush(engine):
+            engine.waiting_since = now  # blocked: the queue is full
             return
-        if self.loads_now(engine):  # between two decode steps: take the new weights in
-            assert engine.pending is not None
+        if engine.pending is not None and self.loads_now(engine):  # between two decode steps: load
             engine.version, engine.pending = engine.pending, None
             engine.timeline_at.append(engine.steps)
             engine.timeline.append(engine.version)
+            self.timelines.load(engine.index, engine.steps, engine.version)
             pause = self.costs.update_pause_s
             if self.w.recompute:  # the cached prefixes again, under the new weights
                 pause += self.costs.prefill_per_token_s * self.context(engine)
             engine.paused_s += pause
-            self.schedule(self.now + pause, _ENGINE, index)
+            self.schedule(now + pause, engine)
             return
-        admitted = 0 if engine.draining else self.admit(engine)
+        # most events end a sequence or two: with no room for a group, admit is not even asked
+        admitted = 0 if engine.draining or len(engine.ends) > self.group_room else self.admit(engine)
         if admitted:
             prefill = self.costs.prefill_per_token_s * self.w.prompt_tokens * admitted * self.w.group_size
-            self.schedule(self.now + prefill, _ENGINE, index)
+            self.schedule(now + prefill, engine)
             return
-        if engine.slots:
+        if engine.ends:
             steps = engine.ends[0][0] - engine.steps
-            in_flight = len(engine.slots)
+            in_flight = len(engine.ends)
             context = self.context(engine)
-            engine.chunk = _Chunk(self.now, steps, in_flight, context)
-            self.schedule(self.now + self.costs.decode_steps_s(steps, in_flight, context), _ENGINE, index)
+            engine.chunk = _Chunk(now, steps, in_flight, context)
+            self.schedule(now + self.costs.decode_steps_s(steps, in_flight, context), engine)
             return
-        engine.waiting_since = self.now  # nothing to do until weights or a round arrive
+        engine.waiting_since = now  # nothing to do until weights or a round arrive
 
     def context(self, engine: _Engine) -> int:
         """The tokens the engine's sequences in flight hold: their prompts and what they wrote."""
-        return len(engine.slots) * (self.w.prompt_tokens + engine.steps) - engine.starts
+        return len(engine.ends) * (self.w.prompt_tokens + engine.steps) - engine.starts
 
     def loads_now(self, engine: _Engine) -> bool:
         """Whether the engine takes the weights that arrived in now: at once, except in async mode,
@@ -234,7 +296,7 @@ class _Simulation:
             return True
         if engine.pending - engine.version >= self.w.drain_lag:
             engine.draining = True
-        if engine.draining and not engine.slots:
+        if engine.draining and not engine.ends:
             engine.draining = False
             return True
         return False
@@ -243,47 +305,47 @@ class _Simulation:
         assert engine.chunk is not None
         engine.steps += engine.chunk.steps
         engine.chunk = None
-        while engine.ends and engine.ends[0][0] == engine.steps:
-            _, key = heapq.heappop(engine.ends)
-            sequence = engine.slots.pop(key)
-            engine.starts -= sequence.start
-            sequence.versions = written_by(engine, sequence.start, engine.steps)
-            engine.outbox.append(sequence)
+        ends, steps = engine.ends, engine.steps
+        while ends and ends[0][0] == steps:
+            _, _, group, start = heapq.heappop(ends)
+            engine.starts -= start
+            first_version = engine.timeline[bisect.bisect_right(engine.timeline_at, start) - 1]
+            engine.outbox.append(_Sequence(group, engine.index, start, steps, first_version))
 
     def flush(self, engine: _Engine) -> bool:
         """Move the engine's finished sequences into the queue while there is room; True when all went."""
         readied = False
-        while engine.outbox and len(self.queue) < self.w.capacity:
-            sequence = engine.outbox.pop(0)
+        outbox, queue, size = engine.outbox, self.queue, self.w.group_size
+        while outbox and len(queue) < self.capacity:
+            sequence = outbox.popleft()
             group = self.incomplete.setdefault(sequence.group, [])
             group.append(sequence)
-            if len(group) == self.w.group_size:  # the group's last sample: the group is ready
-                self.queue.extend(self.incomplete.pop(sequence.group))
-                self.round_unfinished -= self.w.group_size
+            if len(group) == size:  # the group's last sample: the group is ready
+                queue.extend(self.incomplete.pop(sequence.group))
+                self.round_unfinished -= size
                 readied = True
         if readied:
             self.trainer_try_start()
-        return not engine.outbox
+        return not outbox
 
     def admit(self, engine: _Engine) -> int:
         """Admit whole groups into free slots (a group larger than H alone); returns the prompts."""
         size = self.w.group_size
-        groups = max(0, (max(self.w.in_flight, size) - len(engine.slots)) // size)
-        if self.w.mode == "conventional":
+        groups = max(0, (max(self.w.in_flight, size) - len(engine.ends)) // size)
+        if self.conventional:
             groups = min(groups, self.round_prompts // size) if engine.version == self.round_version else 0
             self.round_prompts -= groups * size
+        steps = engine.steps
         for _ in range(groups):
-            for length in self.w.lengths.sample(self.rng, size):
-                sequence = _Sequence(int(length), self.groups, engine.steps)
-                engine.slots[self.sequences] = sequence
-                heapq.heappush(engine.ends, (engine.steps + sequence.length, self.sequences))
-                engine.starts += engine.steps
+            for length in self.w.lengths.sample(self.rng, size).tolist():
+                heapq.heappush(engine.ends, (steps + int(length), self.sequences, self.groups, steps))
                 self.sequences += 1
             self.groups += 1
+        engine.starts += steps * groups * size
         return groups
 
     def update_arrives(self, version: int) -> None:
-        for index, engine in enumerate(self.engines):
+        for engine in self.engines:
             engine.pending = version
             chunk = engine.chunk
             if (
@@ -297,16 +359,16 @@ class _Simulation:
                     chunk.steps = steps
                     engine.generation += 1
                     end = chunk.start + self.costs.decode_steps_s(steps, chunk.in_flight, chunk.context)
-                    self.schedule(end, _ENGINE, index)
+                    self.schedule(end, engine)
             elif engine.waiting_since is not None and not engine.outbox:
                 engine.generation += 1
-                self.schedule(self.now, _ENGINE, index)
+                self.schedule(self.now, engine)
 
     def wake_blocked(self) -> None:
-        for index, engine in enumerate(self.engines):
+        for engine in self.engines:
             if engine.outbox:
                 engine.generation += 1
-                self.schedule(self.now, _ENGINE, index)
+                self.schedule(self.now, engine)
 
     # ----- the trainer --------------------------------------------------------------------------------
 
@@ -319,11 +381,11 @@ class _Simulation:
             return
         while len(self.queue) >= self.w.batch_size:
             ahead = len(self.batches) + (self.trainer == "training")
-            if ahead >= self.w.ahead:
+            if ahead >= self.ahead:
                 return
             if self.w.max_lag is not None:
                 trains_at = self.version + ahead
-                kept = [s for s in self.queue if trains_at - s.versions[0][0] <= self.w.max_lag]
+                kept = [s for s in self.queue if trains_at - s.first_version <= self.w.max_lag]
                 if len(kept) < len(self.queue):
                     self.dropped += len(self.queue) - len(kept)
                     self.queue = deque(kept)
@@ -340,29 +402,37 @@ class _Simulation:
         assert self.trainer_waiting_since is not None
         self.trainer_idle_s += self.now - self.trainer_waiting_since
         self.trainer_waiting_since = None
-        tokens = 0
-        for sequence in batch:
-            position = 0
-            for version, count in sequence.versions:
-                self.lag_tokens[self.version - version] += count
-                self.count_positions(position, position + count, self.version - version)
-                position += count
-            tokens += sequence.length
-            self.multi_version += len(sequence.versions) > 1
+        tokens = self.count_lags(batch)
         self.trained_samples += len(batch)
         self.trained_tokens += tokens
         self.trainer = "training"
-        self.schedule(self.now + self.costs.train_step_s(tokens, len(batch)), _TRAINER)
+        self.schedule(self.now + self.costs.train_step_s(tokens, len(batch)))
         self.build_batches()
 
-    def count_positions(self, first: int, end: int, lag: int) -> None:
-        """Count the tokens at positions ``first`` to ``end`` (exclusive), trained at ``lag``, by span."""
-        width = self.bin_width
-        while first < end:
-            span = min(first // width, POSITION_BINS - 1)
-            last = end if span == POSITION_BINS - 1 else min(end, (span + 1) * width)
-            self.position_lag[span] += (lag * (last - first), last - first)
-            first = last
+    def count_lags(self, batch: list[_Sequence]) -> int:
+        """Count the batch's tokens by lag and by position, and its sequences written by two or more
+        versions; returns its tokens. The whole batch at once: its sequences split into spans of one
+        version each (``_Timelines.split``)."""
+        engines, starts, ends = np.array([(s.engine, s.start, s.end) for s in batch], dtype=np.int64).T
+        sequence, first, tokens, version = self.timelines.split(engines, starts, ends)
+        lag = self.version - version
+        by_lag = np.bincount(lag, weights=tokens).astype(np.int64)  # exact: whole numbers below 2^53
+        for each in np.flatnonzero(by_lag).tolist():
+            self.lag_tokens[each] += int(by_lag[each])
+        self.count_positions(first, first + tokens, lag)
+        self.multi_version += int(np.count_nonzero(np.bincount(sequence) > 1))
+        return int((ends - starts).sum())
+
+    def count_positions(self, first: np.ndarray, end: np.ndarray, lag: np.ndarray) -> None:
+        """Count the tokens at positions ``first`` to ``end`` (exclusive), trained at ``lag`` (a span of
+        tokens each), by position, as differences: a span adds its lag and a token at its first
+        position and takes them back at its end (``figures`` sums them, then by span of positions)."""
+        size = max(self.position_lag.shape[1], int(end.max()) + 1)
+        if size > self.position_lag.shape[1]:  # a sequence longer than the lengths' longest
+            self.position_lag = np.pad(self.position_lag, ((0, 0), (0, size - self.position_lag.shape[1])))
+        for row, weights in ((0, lag), (1, None)):  # the lags summed, the tokens
+            difference = np.bincount(first, weights, size) - np.bincount(end, weights, size)
+            self.position_lag[row] += difference.astype(np.int64)
 
     def trainer_ready(self) -> None:
         """The trainer's step or its publication ended."""
@@ -374,12 +444,12 @@ class _Simulation:
             if self.version == self.w.steps:
                 self.end = self.now
                 return
-            if self.w.mode == "pipeline" or self.steps_in_round == self.w.steps_per_round:
+            if not self.conventional or self.steps_in_round == self.w.steps_per_round:
                 self.trainer = "publishing"  # the broadcast holds the trainer
-                self.schedule(self.now + self.costs.transfer_s, _TRAINER)
+                self.schedule(self.now + self.costs.transfer_s)
                 return
         elif self.trainer == "publishing":
-            if self.w.mode == "conventional":  # the next round, generated with these weights
+            if self.conventional:  # the next round, generated with these weights
                 self.round_version, self.steps_in_round = self.version, 0
                 self.round_prompts = self.round_unfinished = self.w.round_size
             self.update_arrives(self.version)
@@ -405,6 +475,10 @@ class _Simulation:
                 break
         first_end, idle_then = self.first_step or (0.0, 0.0)
         steady = seconds - first_end
+        # by span of positions (the last one open-ended): the lags summed, the tokens
+        by_span = np.add.reduceat(
+            self.position_lag.cumsum(axis=1), np.arange(POSITION_BINS) * self.bin_width, axis=1
+        )
         return SimulatedRun(
             seconds=seconds,
             samples=self.trained_samples,
@@ -423,7 +497,7 @@ class _Simulation:
             lag_tokens=dict(sorted(self.lag_tokens.items())),
             lag_by_position=[
                 (span * self.bin_width, float(lags / tokens))
-                for span, (lags, tokens) in enumerate(self.position_lag)
+                for span, (lags, tokens) in enumerate(zip(*by_span, strict=True))
                 if tokens
             ],
         )

@@ -208,13 +208,14 @@ def test_a_sequence_s_tokens_are_split_by_the_versions_the_engine_loaded_meanwhi
 def test_async_mode_drains_before_it_loads_and_never_writes_a_sequence_with_two_versions() -> None:
     """One slot, 1 s sequences, a 0.3 s step, a 0.2 s pause, drain_lag 1. Version 1 arrives at 1.3 s
     while B is written: B goes on under version 0 and is trained at version 1; the engine loads when B
-    is done (2.0-2.2 s), then writes C under version 1, trained at version 2 at 3.2-3.5 s."""
+    is done (2.0-2.2 s), then writes C under version 1, trained at version 2 at 3.2-3.5 s. Version 2
+    (published at 2.3 s) is loaded when C is done: two pauses in the 3.5 s."""
     costs = CostModel(decode_base_s=0.1, train_base_s=0.3, update_pause_s=0.2)
     run = simulate(workload(mode="async", steps=3), costs)
     assert run.seconds == pytest.approx(3.5)
     assert run.lag_tokens == {0: 10, 1: 20}
     assert run.multi_version_sequences == 0
-    assert run.actor_paused * run.seconds == pytest.approx(0.2)
+    assert run.actor_paused * run.seconds == pytest.approx(0.4)
     never = simulate(workload(mode="async", steps=4, drain_lag=100), CostModel(decode_base_s=0.1))
     assert never.lag_tokens == {0: 10, 1: 10, 2: 10, 3: 10}, (
         "never drained: the lag grows by a version a step"
@@ -244,3 +245,19 @@ def test_lag_by_position_spans_the_longest_completion_in_ten() -> None:
     assert [first for first, _ in run.lag_by_position] == list(range(0, 95, 10))
     lags = [lag for _, lag in run.lag_by_position]
     assert lags == sorted(lags, reverse=True) and lags[0] > lags[-1], "later tokens, newer versions"
+
+
+def test_async_mode_publishes_after_every_step_so_its_lag_stays_bounded() -> None:
+    """Each step's weights are published (the trainer held for the transfer each time) and an engine
+    drains to load them once it is drain_lag behind: the lag does not grow with the run's length (it
+    did when only the first step was published, and max_lag then dropped everything, forever)."""
+    costs = CostModel(decode_base_s=0.1, train_base_s=0.3, transfer_s=0.2, update_pause_s=0.05)
+    settings: dict[str, object] = dict(mode="async", in_flight=4, batch_size=2, drain_lag=1)
+    run = simulate(workload(steps=40, **settings), costs)
+    longer = simulate(workload(steps=80, **settings), costs)
+    assert run.lag_max == longer.lag_max <= 3, (run.lag_tokens, longer.lag_tokens)
+    assert run.seconds >= 40 * 0.3 + 39 * 0.2  # every step and every publication hold the trainer
+    bounded = simulate(
+        workload(mode="async", steps=40, in_flight=4, batch_size=2, drain_lag=3, max_lag=3), costs
+    )
+    assert bounded.lag_max <= 3 and bounded.samples == 80
