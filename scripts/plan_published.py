@@ -196,6 +196,8 @@ def main() -> None:
         print(f"| {cut / median:.1f} | {speedups[-1]:.2f}x |")
     tail.plot([cut / median for cut in cuts], speedups, "o-")
     tail.set(xscale="log", xlabel="length tail: max / median", ylabel="pipeline / colocated G=32 (samples/s)")
+    tail.set_xticks([cut / median for cut in cuts], [f"{cut / median:.1f}" for cut in cuts])
+    tail.minorticks_off()
 
     print(
         "\n| actor GPUs of 128 | pipeline samples/s | colocated G=32 | speed-up | trainer idle |\n"
@@ -246,6 +248,8 @@ def main() -> None:
     lag.plot(sizes, p90s, "s--", label="p90")
     lag.plot(sizes, maxima, "^:", label="max")
     lag.set(xscale="log", xlabel="H (sequences in flight per engine)", ylabel="token lag (versions)")
+    lag.set_xticks(sizes, [str(size) for size in sizes])
+    lag.minorticks_off()
     lag.legend(fontsize="small")
     figure.suptitle(
         f"Predicted, the paper's setting (h100-7b profile, 128 H100, {steps} steps)", fontsize="medium"
