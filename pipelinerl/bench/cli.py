@@ -555,3 +555,33 @@ def figures(
         markdown_table(CLAIM_HEADERS, claim_rows(claims)), markup=False, highlight=False, soft_wrap=True
     )
     console.print(f"the paper's figures: {out}", markup=False, highlight=False)
+
+
+@bench_app.command("plan")
+def plan_speed(
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps simulated.")] = 1000,
+    repeats: Annotated[
+        int, typer.Option("--repeats", min=1, help="Times each case runs (fastest kept).")
+    ] = 1,
+    quick: QuickOption = False,
+    out: OutOption = None,
+) -> None:
+    """The run simulator's CPU time on the paper's scale (48 and 128 actor GPUs; target: under 10 s)."""
+    from pipelinerl.bench.plan_speed import PlanSpeedSettings, render_plan_speed_table, run_plan_speed_bench
+    from pipelinerl.bench.report import load_average, target_check
+
+    settings = PlanSpeedSettings.quick() if quick else PlanSpeedSettings(steps=steps, repeats=repeats)
+    load_before, started_at = load_average(), datetime.now(UTC)
+    with progress_display() as progress:
+        result = run_plan_speed_bench(settings, progress)
+    target = target_check(result["headline"]["cpu_s_128_gpus"], below=10.0) if settings.steps >= 1000 else {}
+    finish(
+        "plan",
+        result,
+        targets={"cpu_s_128_gpus_1000_steps": target} if target else {},
+        settings={**asdict(settings), "quick": quick},
+        out=out,
+        load_before=load_before,
+        started_at=started_at,
+        render=render_plan_speed_table,
+    )

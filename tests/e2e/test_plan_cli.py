@@ -98,3 +98,25 @@ def test_a_sweep_of_a_setting_loads_the_config_at_each_value(tmp_path) -> None:
     assert set(json.loads(path.read_text())["runs"]) == {"pipeline", "conventional"}
     bad = plan(tmp_path, "--lengths", "fixed:20", *SMALL, "--sweep", "actor.max_in_flight=0,8")
     assert bad.returncode == 2 and "actor.max_in_flight" in bad.stdout + bad.stderr
+
+
+def test_bench_plan_quick_times_every_case_and_records_it(tmp_path) -> None:
+    """``pipelinerl bench plan --quick``: each case and mode simulated (their samples: steps x B), its
+    CPU time recorded with the machine; the 10 s target is judged only at 1,000 steps."""
+    out = tmp_path / "plan.json"
+    done = subprocess.run(
+        [*PIPELINERL, "bench", "plan", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "plan" and record["steps"] == 20 and record["targets"] == {}
+    cases = {(row["case"], row["mode"]): row for row in record["rows"]}
+    assert set(cases) == {
+        (c, m) for c in ("48 actor GPUs", "128 actor GPUs") for m in ("pipeline", "conventional")
+    }
+    assert all(row["samples"] == 20 * 1024 and row["cpu_s"] > 0 for row in cases.values())
+    assert cases[("128 actor GPUs", "pipeline")]["engines"] == 128
+    assert "machine" in record and "| 48 actor GPUs | pipeline | 48 |" in done.stdout
