@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 
+from pipelinerl.plan import paper  # noqa: E402
 from pipelinerl.plan.cluster import Cluster  # noqa: E402
 from pipelinerl.plan.lengths import LogLogisticLengths  # noqa: E402
 from pipelinerl.plan.predict import predict  # noqa: E402
@@ -26,20 +27,10 @@ from pipelinerl.plan.profile import CostProfile, resolve_profile  # noqa: E402
 from pipelinerl.plan.simulate import SimulatedRun  # noqa: E402
 from pipelinerl.platform.config import PipelineConfig, load_config  # noqa: E402
 
-# The PipelineRL paper's setting (arXiv 2509.19128 section 5; ServiceNow/PipelineRL conf/base.yaml):
-# 128 H100, 48 generate at H=64 and 80 train; Qwen2.5-7B; B=1024; 8 samples a prompt; up to 8,192 new
-# tokens; the conventional baseline G=32, every GPU generating then training (colocated).
-PAPER_SETTINGS = [
-    "rl.batch_size=1024",
-    "rl.group_size=8",
-    "actor.max_in_flight=64",
-    "actor.max_new_tokens=8192",
-    "run.steps_per_round=32",
-    "transport.queue_size=1024",
-]
-PAPER_CLUSTER = Cluster(48, 80, "H100")
-PAPER_LENGTHS = (1000.0, 3000.0)  # median, p90: the earlier version's "1K-2K tokens" mean, a heavy tail
-PROMPT_TOKENS = 200
+PAPER_SETTINGS = paper.SETTINGS
+PAPER_CLUSTER = paper.CLUSTER
+PAPER_LENGTHS = paper.LENGTHS
+PROMPT_TOKENS = paper.PROMPT_TOKENS
 
 
 @dataclass

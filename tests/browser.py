@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,3 +43,15 @@ def headless_chromium(window: str = "1400,2300") -> Iterator[Any]:
         yield session
     finally:
         session.quit()
+
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def screenshot_dir(name: str) -> Path:
+    """Where a browser test saves its screenshots: ``$PIPELINERL_TEST_ARTIFACTS/<name>`` (default
+    ``.cache/test-artifacts/<name>`` in the repository, git-ignored), made if missing."""
+    root = Path(os.environ.get("PIPELINERL_TEST_ARTIFACTS", REPOSITORY / ".cache" / "test-artifacts"))
+    directory = root / name
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pipelinerl.bench.report import format_value, markdown_table
+from pipelinerl.plan import paper
 from pipelinerl.plan.cluster import Cluster, engines_on, scaled_costs
 from pipelinerl.plan.from_config import workload_from_config
 from pipelinerl.plan.lengths import LogLogisticLengths
@@ -23,15 +24,7 @@ from pipelinerl.plan.profile import resolve_profile
 from pipelinerl.plan.simulate import simulate
 from pipelinerl.platform.config import load_config
 
-PAPER = [
-    "rl.batch_size=1024",
-    "rl.group_size=8",
-    "actor.max_in_flight=64",
-    "actor.max_new_tokens=8192",
-    "run.steps_per_round=32",
-    "transport.queue_size=1024",
-]
-CASES = (("48 actor GPUs", Cluster(48, 80, "H100")), ("128 actor GPUs", Cluster(128, 128, "H100")))
+CASES = (("48 actor GPUs", paper.CLUSTER), ("128 actor GPUs", Cluster(128, 128, "H100")))
 MODES = ("pipeline", "conventional")
 
 
@@ -39,7 +32,7 @@ MODES = ("pipeline", "conventional")
 class PlanSpeedSettings:
     steps: int = 1000
     repeats: int = 1
-    profile: str = "h100-7b"
+    profile: str = paper.PROFILE
 
     @classmethod
     def quick(cls) -> PlanSpeedSettings:
@@ -50,15 +43,17 @@ def run_plan_speed_bench(settings: PlanSpeedSettings, progress: Any) -> dict[str
     """Every case in every mode, ``repeats`` times: the fastest CPU time of each."""
     profile = resolve_profile(settings.profile)
     assert profile.hardware is not None
-    config = load_config(None, [*PAPER, f"run.max_steps={settings.steps}"])
-    lengths = LogLogisticLengths.from_median_p90(1000, 3000, config.actor.max_new_tokens)
+    config = load_config(None, [*paper.SETTINGS, f"run.max_steps={settings.steps}"])
+    lengths = LogLogisticLengths.from_median_p90(*paper.LENGTHS, config.actor.max_new_tokens)
     rows: list[dict[str, Any]] = []
     task = progress.add_task("simulating", total=len(CASES) * len(MODES) * settings.repeats)
     for name, cluster in CASES:
         costs = scaled_costs(profile.cost_model(), profile.hardware, cluster)
         engines = engines_on(profile.hardware, cluster)
         for mode in MODES:
-            workload = replace(workload_from_config(config, lengths, 200, mode), engines=engines)
+            workload = replace(
+                workload_from_config(config, lengths, paper.PROMPT_TOKENS, mode), engines=engines
+            )
             times, samples = [], 0
             for _ in range(settings.repeats):
                 started = time.process_time()

@@ -49,7 +49,7 @@ from pipelinerl.flows.rl_run import rl_run
 from pipelinerl.flows.stack import StackError, down, group_members, read_state, state_path, up
 from pipelinerl.platform.config import load_config
 from pipelinerl.platform.tracking.store import PlatformStore
-from tests.browser import headless_chromium
+from tests.browser import headless_chromium, screenshot_dir
 from tests.conftest import fresh_postgres_database, wait_until, worker_port
 
 # The module's runs share one stack: its first tests wait for runs that take minutes on a loaded machine.
@@ -359,10 +359,7 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def artifacts() -> Path:
-    root = Path(os.environ.get("PIPELINERL_TEST_ARTIFACTS", REPOSITORY / ".cache" / "test-artifacts"))
-    directory = root / "prefect-form"
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
+    return screenshot_dir("prefect-form")
 
 
 def form_flow_runs(state, deployment_id: str) -> list[Any]:

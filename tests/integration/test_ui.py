@@ -10,7 +10,6 @@ others wait for the comparison to finish. Screenshots go to ``$PIPELINERL_TEST_A
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from pipelinerl.platform.config import PipelineConfig, load_config
 from pipelinerl.platform.tracking.store import PlatformStore
 from pipelinerl.ui.app import UiSettings, create_app, settings_from_config
 from pipelinerl.ui.load_benchmark import BackgroundServer
-from tests.browser import headless_chromium
+from tests.browser import headless_chromium, screenshot_dir
 from tests.conftest import wait_until, worker_port
 
 # The tests after the first wait for the comparison to finish (about a minute and a half here).
@@ -133,11 +132,7 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def artifacts() -> Path:
-    directory = (
-        Path(os.environ.get("PIPELINERL_TEST_ARTIFACTS", REPOSITORY / ".cache" / "test-artifacts")) / "ui"
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
+    return screenshot_dir("ui")
 
 
 def screenshot(browser: Any, artifacts: Path, name: str) -> Path:

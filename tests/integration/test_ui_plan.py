@@ -9,7 +9,6 @@ Screenshots go where test_ui.py's go (``$PIPELINERL_TEST_ARTIFACTS/ui``, default
 from __future__ import annotations
 
 import json
-import os
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -21,9 +20,9 @@ from selenium.webdriver.support.ui import Select
 
 from pipelinerl.ui.app import UiSettings
 from pipelinerl.ui.load_benchmark import BackgroundServer, fill_synthetic_run
-from tests.browser import headless_chromium
+from tests.browser import headless_chromium, screenshot_dir
 from tests.conftest import wait_until, worker_port
-from tests.integration.test_ui import REPOSITORY, colour_pixels, screenshot, trace_count
+from tests.integration.test_ui import colour_pixels, screenshot, trace_count
 
 PORT = worker_port(27010)
 SETTINGS = ["rl.batch_size=64", "rl.group_size=8", "run.max_steps=8"]
@@ -38,12 +37,7 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def artifacts() -> Path:
-    """Where test_ui.py saves its screenshots."""
-    directory = (
-        Path(os.environ.get("PIPELINERL_TEST_ARTIFACTS", REPOSITORY / ".cache" / "test-artifacts")) / "ui"
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
+    return screenshot_dir("ui")
 
 
 @pytest.fixture(scope="module")
