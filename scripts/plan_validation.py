@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from pipelinerl.plan.calibrate import calibrate, completion_lengths
+from pipelinerl.plan.contention import fit_alone_speedups
 from pipelinerl.plan.from_config import workload_from_config
 from pipelinerl.plan.measured import measured
 from pipelinerl.plan.simulate import simulate
@@ -39,6 +40,9 @@ def main() -> None:
     parser.add_argument("directory", type=Path)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument(
+        "--no-contention", action="store_true", help="leave the stages' sharing of cores out of the profiles"
+    )
+    parser.add_argument(
         "--profile-out",
         type=Path,
         help="also write the profile calibrated on all the runs (the shipped cpu one)",
@@ -55,12 +59,16 @@ def main() -> None:
             subprocess.run(command, check=True, capture_output=True, text=True)
         (runs[name],) = [path.parent for path in output.glob("*/summary.json")]
     print(
-        "| configuration | samples/s measured / predicted | trainer idle | actor idle | lag mean | lag max |"
+        "| configuration | samples/s measured / predicted | trainer idle | actor idle | lag mean | lag max "
+        "| alone speed-ups (actor, trainer) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for name, run_dir in runs.items():
         others = [other for key, other in runs.items() if key != name]
-        costs = calibrate(others, "others").cost_model()
+        profile = calibrate(others, "others")
+        if not args.no_contention:
+            profile, _ = fit_alone_speedups(profile, others, PROMPT_TOKENS)
+        costs = profile.cost_model()
         config = load_config(None, [f"run.max_steps={args.steps}", *CONFIGURATIONS[name]])
         workload = workload_from_config(config, completion_lengths(others), PROMPT_TOKENS)
         predicted = simulate(workload, costs)
@@ -71,10 +79,13 @@ def main() -> None:
             f"| {name} | {speed:.1f} / {predicted.steady_samples_per_s:.1f} ({error:+.0%}) "
             f"| {seen['trainer_idle']:.2f} / {predicted.steady_trainer_idle:.2f} "
             f"| {seen['actor_idle']:.2f} / {predicted.actor_idle:.2f} "
-            f"| {seen['lag_mean']:.2f} / {predicted.lag_mean:.2f} | {seen['lag_max']} / {predicted.lag_max} |"
+            f"| {seen['lag_mean']:.2f} / {predicted.lag_mean:.2f} | {seen['lag_max']} / {predicted.lag_max} "
+            f"| {costs.actor_alone_speedup:.2f}, {costs.trainer_alone_speedup:.2f} |"
         )
     if args.profile_out is not None:
         profile = calibrate(list(runs.values()), args.profile_out.stem)
+        if not args.no_contention:
+            profile, _ = fit_alone_speedups(profile, list(runs.values()), PROMPT_TOKENS)
         profile.description = (
             "this machine's kind (2 CPU cores, the embedded default: the tiny model, arithmetic), calibrated "
             f"on the {len(runs)} runs of scripts/plan_validation.py --steps {args.steps} (docs/plan.md)"

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from pipelinerl.plan.calibrate import CalibrationError, calibrate, completion_lengths
 from pipelinerl.plan.cluster import CLUSTER_FORM
+from pipelinerl.plan.contention import fit_alone_speedups
 from pipelinerl.plan.figures import sweep_figure
 from pipelinerl.plan.lengths import LENGTH_FORMS, Lengths, parse_lengths
 from pipelinerl.plan.predict import SWEEP_FORM, SweepPoint, parse_sweep
@@ -183,11 +184,25 @@ def calibrate_command(
     run_dirs: Annotated[list[Path], typer.Argument(help="Finished runs' directories (runs/<id>).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the profile (JSON).")],
     name: Annotated[str, typer.Option("--name", help="The profile's name.")] = "calibrated",
+    shared_cores: Annotated[
+        bool,
+        typer.Option(
+            "--shared-cores/--own-devices",
+            help="The runs' stages shared CPU cores: also fit how much faster each goes alone "
+            "(plan/contention.py, by simulating the runs); --own-devices leaves that at 0.",
+        ),
+    ] = True,
+    prompt_tokens: Annotated[
+        int,
+        typer.Option("--prompt-tokens", min=0, help="Tokens per prompt of the runs (for --shared-cores)."),
+    ] = 40,
 ) -> None:
     """Fit a cost profile from finished runs' records (plan/calibrate.py says from which)."""
     try:
         profile = calibrate(run_dirs, name)
-    except CalibrationError as error:
+        if shared_cores:
+            profile, _ = fit_alone_speedups(profile, run_dirs, prompt_tokens)
+    except (CalibrationError, ValueError) as error:
         raise _fail(str(error)) from None
     out.write_text(profile.model_dump_json(indent=2) + "\n")
     table = Table("figure", "value", "unit", "source")

@@ -12,6 +12,10 @@
   holds the trainer) and the engine's **pause** (``update_pause_s``: what an engine stops decoding for
   to take the weights in, between two decode steps). Below ~8B parameters the pause, not the
   transfer, is what an in-flight update costs the actors.
+* **Stages sharing cores** (this 2-core machine; 0 where each stage has its own devices): the decode and
+  step costs are as measured with the other stage busy; an engine's decode step takes
+  ``1 - actor_alone_speedup`` of that while the trainer is not training, and a trainer step
+  ``1 - trainer_alone_speedup · (the share of engines not decoding)`` of it.
 """
 
 from __future__ import annotations
@@ -30,12 +34,17 @@ class CostModel:
     train_per_sequence_s: float = 0.0
     transfer_s: float = 0.0
     update_pause_s: float = 0.0
+    actor_alone_speedup: float = 0.0
+    trainer_alone_speedup: float = 0.0
 
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
             if not value >= 0.0:  # also refuses NaN
                 raise ValueError(f"{field.name}={value!r}: a cost is a number of seconds, 0 or more")
+        for name in ("actor_alone_speedup", "trainer_alone_speedup"):
+            if getattr(self, name) >= 1.0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: a share of the time saved, below 1")
         if self.decode_base_s + self.decode_per_sequence_s <= 0.0:
             raise ValueError(
                 "decode_base_s + decode_per_sequence_s must be above 0: a decode step of one sequence "

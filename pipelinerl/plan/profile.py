@@ -34,6 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pipelinerl.plan.costs import CostModel
 
 FIGURES = tuple(field.name for field in fields(CostModel))
+# Figures a profile may leave out: 0, each stage on its own devices (a GPU cluster).
+OPTIONAL_FIGURES = ("actor_alone_speedup", "trainer_alone_speedup")
 
 
 class ProfileError(ValueError):
@@ -72,7 +74,7 @@ class CostProfile(BaseModel):
         unknown = sorted(set(figures) - set(FIGURES))
         if unknown:
             raise ValueError(f"unknown figure {', '.join(unknown)}; the figures are {', '.join(FIGURES)}")
-        missing = [name for name in FIGURES if name not in figures]
+        missing = [name for name in FIGURES if name not in figures and name not in OPTIONAL_FIGURES]
         if missing:
             raise ValueError(f"missing figure {', '.join(missing)}")
         return figures

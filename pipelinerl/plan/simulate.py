@@ -94,6 +94,7 @@ class _Chunk:
     steps: int
     in_flight: int
     context: int
+    scale: float = 1.0  # the share of the measured decode time its steps take (stages sharing cores)
 
 
 @dataclass(slots=True)
@@ -278,8 +279,9 @@ class _Simulation:
             steps = engine.ends[0][0] - engine.steps
             in_flight = len(engine.ends)
             context = self.context(engine)
-            engine.chunk = _Chunk(now, steps, in_flight, context)
-            self.schedule(now + self.costs.decode_steps_s(steps, in_flight, context), engine)
+            scale = self.decode_scale()
+            engine.chunk = _Chunk(now, steps, in_flight, context, scale)
+            self.schedule(now + scale * self.costs.decode_steps_s(steps, in_flight, context), engine)
             return
         engine.waiting_since = now  # nothing to do until weights or a round arrive
 
@@ -348,21 +350,37 @@ class _Simulation:
         for engine in self.engines:
             engine.pending = version
             chunk = engine.chunk
-            if (
-                chunk is not None and self.w.mode != "async"
-            ):  # the step under way ends, then the engine takes the weights
-                elapsed = self.now - chunk.start
-                done = self.costs.steps_within(elapsed, chunk.in_flight, chunk.context, chunk.steps)
-                between = self.costs.decode_steps_s(done, chunk.in_flight, chunk.context) == elapsed
-                steps = min(chunk.steps, done if between else done + 1)
-                if steps < chunk.steps:
-                    chunk.steps = steps
-                    engine.generation += 1
-                    end = chunk.start + self.costs.decode_steps_s(steps, chunk.in_flight, chunk.context)
-                    self.schedule(end, engine)
+            if chunk is not None and self.w.mode != "async":  # the step under way ends, then the load
+                self.cut(engine, chunk)
             elif engine.waiting_since is not None and not engine.outbox:
                 engine.generation += 1
                 self.schedule(self.now, engine)
+
+    def cut(self, engine: _Engine, chunk: _Chunk) -> None:
+        """End the engine's decode steps under way at the end of the step in progress (the engine then
+        takes new weights in, or goes on at another pace)."""
+        elapsed = (self.now - chunk.start) / chunk.scale
+        done = self.costs.steps_within(elapsed, chunk.in_flight, chunk.context, chunk.steps)
+        between = self.costs.decode_steps_s(done, chunk.in_flight, chunk.context) == elapsed
+        steps = min(chunk.steps, done if between else done + 1)
+        if steps < chunk.steps:
+            chunk.steps = steps
+            engine.generation += 1
+            taken = self.costs.decode_steps_s(steps, chunk.in_flight, chunk.context)
+            self.schedule(chunk.start + chunk.scale * taken, engine)
+
+    def decode_scale(self) -> float:
+        """The share of its measured time a decode step takes now: less while the trainer does not train,
+        on cores the stages share (``CostModel.actor_alone_speedup``)."""
+        return 1.0 if self.trainer == "training" else 1.0 - self.costs.actor_alone_speedup
+
+    def trainer_changes(self) -> None:
+        """The trainer starts or stops training: on shared cores each engine's steps under way end at the
+        step in progress and go on at the new pace."""
+        if self.costs.actor_alone_speedup:
+            for engine in self.engines:
+                if engine.chunk is not None:
+                    self.cut(engine, engine.chunk)
 
     def wake_blocked(self) -> None:
         for engine in self.engines:
@@ -406,7 +424,10 @@ class _Simulation:
         self.trained_samples += len(batch)
         self.trained_tokens += tokens
         self.trainer = "training"
-        self.schedule(self.now + self.costs.train_step_s(tokens, len(batch)))
+        self.trainer_changes()
+        alone = sum(engine.chunk is None for engine in self.engines) / len(self.engines)
+        scale = 1.0 - self.costs.trainer_alone_speedup * alone
+        self.schedule(self.now + scale * self.costs.train_step_s(tokens, len(batch)))
         self.build_batches()
 
     def count_lags(self, batch: list[_Sequence]) -> int:
@@ -446,8 +467,11 @@ class _Simulation:
                 return
             if not self.conventional or self.steps_in_round == self.w.steps_per_round:
                 self.trainer = "publishing"  # the broadcast holds the trainer
+                self.trainer_changes()
                 self.schedule(self.now + self.costs.transfer_s)
                 return
+            self.trainer = "waiting"
+            self.trainer_changes()
         elif self.trainer == "publishing":
             if self.conventional:  # the next round, generated with these weights
                 self.round_version, self.steps_in_round = self.version, 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -261,3 +263,17 @@ def test_async_mode_publishes_after_every_step_so_its_lag_stays_bounded() -> Non
         workload(mode="async", steps=40, in_flight=4, batch_size=2, drain_lag=3, max_lag=3), costs
     )
     assert bounded.lag_max <= 3 and bounded.samples == 80
+
+
+def test_stages_sharing_cores_each_go_faster_while_the_other_waits() -> None:
+    """The decode and step costs are as measured with the other stage busy. Actor alone 0.5: A's 10
+    steps take 0.05 s each while the trainer waits (0.5 s); B's first 3 go at 0.1 s while A trains
+    (0.5-0.8 s), its last 7 at 0.05 s once the trainer stops (0.8-1.15 s); B trains 1.15-1.45 s.
+    Trainer alone 0.5, conventional rounds of one: each 0.3 s step takes 0.15 s, no engine decoding."""
+    actor = CostModel(decode_base_s=0.1, train_base_s=0.3, actor_alone_speedup=0.5)
+    assert simulate(workload(steps=2), actor).seconds == pytest.approx(1.45)
+    assert simulate(workload(steps=2), replace(actor, actor_alone_speedup=0.0)).seconds == pytest.approx(2.3)
+    trainer = CostModel(decode_base_s=0.1, train_base_s=0.3, trainer_alone_speedup=0.5)
+    assert simulate(workload(mode="conventional", steps=2), trainer).seconds == pytest.approx(2.3)
+    with pytest.raises(ValueError, match="actor_alone_speedup=1.0: a share of the time saved, below 1"):
+        CostModel(decode_base_s=0.1, actor_alone_speedup=1.0)
