@@ -200,6 +200,31 @@ def warmstart(config: ConfigOption = None, set_: SetOption = None) -> None:
     console.print(f"warm-started model: {path}")
 
 
+@app.command()
+def doctor(
+    config: ConfigOption = None,
+    set_: SetOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON, for scripts.")] = False,
+) -> None:
+    """Check whether this machine can run the platform: machine, engines, collectives, services.
+
+    Each check is PASS, WARN, FAIL or SKIP with a one-line fix; the exit status is 1 when any fails."""
+    import json
+
+    from pipelinerl.doctor.report import render, run_checks
+
+    resolved = _load(config, set_)
+    if as_json:
+        report = run_checks(resolved)
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        with console.status("checking this machine"):
+            report = run_checks(resolved)
+        render(report, console)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
 app.add_typer(db_app, name="db", help="Migrate the platform database (Alembic): upgrade, downgrade, current.")
 app.add_typer(runs_app, name="runs", help="Runs recorded in the platform database: list, show.")
 app.add_typer(bench_app, name="bench")

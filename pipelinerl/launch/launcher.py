@@ -3,10 +3,13 @@
 ``launch(config)`` is a plain function (the CLI and the Prefect flows call it):
 
 1. pre-flight, before any process starts: every port the run needs can be bound, the tracking
-   stores answer, the model directory exists (or the embedded model is warm-started, cached in the
-   platform home);
-2. ``runs/<run-id>/`` gets the resolved ``config.json``; the MLflow run and the platform-database
-   row are opened (``platform/tracking/run_tracker.py``); held-out success is measured;
+   stores answer, a model or math dataset named by Hugging Face Hub id is resolved once to a local
+   snapshot (``platform/hub.py``), the model directory exists (or the embedded model is
+   warm-started, cached in the platform home);
+2. ``runs/<run-id>/`` gets the resolved ``config.json`` (local snapshot paths for loading, the ids,
+   revisions and commits in ``model.hub_snapshot``, ``task.hub_snapshot``, ``eval.hub_snapshots``);
+   the MLflow run and the platform-database row are opened (``platform/tracking/run_tracker.py``);
+   held-out success is measured;
 3. the stages start through a **placement**: ``LocalStages`` runs every process on this machine
    (``launch/stages.py``); the ``rl-run`` flow's pool placement submits one Prefect flow run per
    role and node instead (``flows/placement.py``). Either way a crashed stage raises
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipelinerl.launch.actor_env import check_actor_interpreter
+from pipelinerl.launch.hub_sources import resolve_hub_sources
 from pipelinerl.launch.run_paths import check_run_paths
 from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, LocalStages, RunStalled, StageFailed, StallWatch
 from pipelinerl.launch.summary import summarize
@@ -97,8 +101,9 @@ def new_run_id(mode: str) -> str:
     return f"{datetime.now():%Y%m%d-%H%M%S}-{mode}-{uuid.uuid4().hex[:6]}"
 
 
-def preflight(config: PipelineConfig) -> None:
-    """Fail before any process starts: bad run paths, ports in use, unreachable tracking stores."""
+def preflight(config: PipelineConfig) -> PipelineConfig:
+    """Fail before any process starts: bad run paths, ports in use, unreachable tracking stores, a Hub
+    id that cannot be had. Returns ``config`` with its Hub ids resolved (``resolve_hub_sources``)."""
     check_run_paths(config)  # first: the later checks read the checkpoint as the model directory
     if config.cluster.placement == "local":  # placed on the pools, the actors' nodes have their own
         check_actor_interpreter(config)  # interpreters, and the ports are on trainer node 0
@@ -110,12 +115,14 @@ def preflight(config: PipelineConfig) -> None:
 
         check_reachable(mlflow_uri(config))
         check_reachable(database_url(config), "platform database")
+    config = resolve_hub_sources(config)
     check_task_and_model(config)
     if config.run.plan_profile is not None:  # a profile that cannot be read fails now, not at the end
         try:
             resolve_profile(config.run.plan_profile)
         except ProfileError as error:
             raise ConfigError(f"run.plan_profile={config.run.plan_profile!r}: {error}") from None
+    return config
 
 
 def make_private_run_dir(run_dir: Path) -> None:
@@ -139,6 +146,8 @@ def check_cpus(config: PipelineConfig) -> None:
 def resolve_model(config: PipelineConfig, console: Any = None) -> Path:
     if config.run.resume_from is not None:
         return config.run.resume_from  # checked by preflight: a checkpoint is a model directory
+    if config.model.is_hub_id():  # launch resolved it in preflight; other callers resolve it here
+        return resolve_hub_sources(config).model.path or Path()
     if config.model.path is not None:
         return config.model.path
     from pipelinerl.launch.warmstart import ensure_warm_start  # noqa: PLC0415 (torch/transformers: after preflight)
@@ -378,7 +387,7 @@ def launch(
 ) -> RunResult:
     """Run PipelineRL (or a baseline, by ``config.run.mode``) end to end; see the module docstring."""
     status = on_status or (lambda text: None)
-    preflight(config)
+    config = preflight(config)  # Hub ids resolved: the stages, config.json and the tracker see local paths
     status("preparing the model")
     model_path = resolve_model(config)
     run_dir = (config.run.output_dir / (run_id or new_run_id(config.run.mode))).resolve()

@@ -61,6 +61,8 @@ class MathTask:
         system_prompt: str | None = None,
         score_timeout_s: float = 2.0,
         eval_fraction: float = 0.1,
+        dataset_revision: str | None = None,
+        dataset_subset: str | None = None,
     ) -> None:
         if not isinstance(dataset, str) or not dataset.strip():
             raise ValueError(
@@ -96,7 +98,10 @@ class MathTask:
         self.system_prompt = system_prompt or None
         self.score_timeout_s = float(score_timeout_s)
         fields = FieldMap(question_field, answer_field, solution_field, self.answer_format, split_field)
-        splits = load_splits(dataset, fields, float(eval_fraction))
+        for option, value in (("dataset_revision", dataset_revision), ("dataset_subset", dataset_subset)):
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ValueError(f"{option} must be text or None, got {value!r}")
+        splits = load_splits(dataset, fields, float(eval_fraction), dataset_revision, dataset_subset)
         self._records: dict[str, MathRecord] = {}
         self._pools: dict[Split, list[Problem]] = {}
         for split, records in splits.items():

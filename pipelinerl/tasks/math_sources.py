@@ -11,7 +11,15 @@ Layouts (``dataset``):
   those are the splits;
 * a directory written by ``datasets``' ``save_to_disk`` (needs ``datasets``): a ``DatasetDict``'s
   ``train`` and ``test`` (else ``validation``) splits are the splits; a single ``Dataset``, or a
-  dict with one split, is one pool.
+  dict with one split, is one pool;
+* a directory laid out as a Hugging Face Hub dataset repository (what a Hub id resolves to, e.g.
+  ``openai/gsm8k``): shard files ``train-00000-of-00001.parquet``, ``test-*.parquet`` (or
+  ``validation``, ``.jsonl``), in one folder below it (``data/``), or one per subset (gsm8k's
+  ``main/`` and ``socratic/``: ``dataset_subset`` chooses).
+
+A Hub id (``org/name``, revision in ``dataset_revision``) is resolved to its local snapshot by the
+launcher before any stage starts (``pipelinerl/platform/hub.py``); ``load_splits`` resolves one
+itself when called with an id (the cache only, with ``HF_HUB_OFFLINE=1``).
 
 A pool without splits of its own is split by a stable hash of the question (``eval_fraction`` of
 the questions go to eval), or by a field naming each record's split (``split_field``). A question
@@ -30,10 +38,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pipelinerl.platform.config.base import ConfigError
+from pipelinerl.platform.hub import looks_like_hub_id, resolve_snapshot
 from pipelinerl.tasks.base import Split
 from pipelinerl.tasks.math_data import SHIPPED_PATH, generate
 from pipelinerl.tasks.math_grading import last_boxed
@@ -92,9 +103,25 @@ def in_eval_bucket(question: str, eval_fraction: float) -> bool:
     return int(question_hash(question), 16) / 2**64 < eval_fraction
 
 
-def load_splits(dataset: str, fields: FieldMap, eval_fraction: float) -> dict[Split, list[MathRecord]]:
+def load_splits(
+    dataset: str,
+    fields: FieldMap,
+    eval_fraction: float,
+    revision: str | None = None,
+    subset: str | None = None,
+) -> dict[Split, list[MathRecord]]:
     """The train and eval records of ``dataset``, each question once; ValueError on bad input."""
-    tables = _read_tables(dataset)
+    if names_hub_dataset(dataset):
+        try:
+            dataset = str(resolve_snapshot(dataset, revision=revision, repo_type="dataset").path)
+        except ConfigError as error:
+            raise ValueError(str(error)) from None
+    elif revision is not None:
+        raise ValueError(
+            f"dataset_revision={revision!r} needs a Hugging Face Hub id as dataset, got {dataset!r} "
+            "(a local path or a built-in source)"
+        )
+    tables = _read_tables(dataset, subset)
     split_of: dict[Split, list[MathRecord]] = {"train": [], "eval": []}
     for name, table in tables.items():
         for index, row in enumerate(table.rows):
@@ -175,7 +202,17 @@ def _split_value(table: _Table, index: int, row: dict[str, Any], field: str) -> 
     return SPLIT_NAMES[value.lower()]
 
 
-def _read_tables(dataset: str) -> dict[str, _Table]:
+def names_hub_dataset(dataset: str) -> bool:
+    """A dataset meant as a Hub id: org/name shaped, no local path, no .jsonl/.parquet file name."""
+    return (
+        looks_like_hub_id(dataset)
+        and not dataset.startswith(GENERATED_PREFIX)
+        and not Path(dataset).expanduser().exists()
+        and not dataset.lower().endswith(FILE_SUFFIXES)
+    )
+
+
+def _read_tables(dataset: str, subset: str | None = None) -> dict[str, _Table]:
     """``{"all": ...}`` for a pool without splits, else ``{"train": ..., "eval": ...}``."""
     if dataset.startswith(GENERATED_PREFIX):
         return {"all": _generated(dataset)}
@@ -183,10 +220,13 @@ def _read_tables(dataset: str) -> dict[str, _Table]:
     if not path.exists():
         raise ValueError(
             f"dataset {dataset!r}: no such file or directory; give 'shipped', a .jsonl or .parquet file, "
-            "a directory with train.jsonl and test.jsonl, or a saved Hugging Face dataset directory"
+            "a directory with train.jsonl and test.jsonl, a saved Hugging Face dataset directory, "
+            "or a Hugging Face Hub id (org/name)"
         )
     if path.is_dir():
-        return _read_directory(path)
+        return _read_directory(path, subset)
+    if subset is not None:
+        raise ValueError(f"dataset_subset={subset!r} needs a dataset directory, got the file {dataset!r}")
     return {"all": _read_file(path)}
 
 
@@ -258,9 +298,20 @@ def _read_parquet(path: Path) -> _Table:
     return _Table(str(path), rows)
 
 
-def _read_directory(path: Path) -> dict[str, _Table]:
+def _read_directory(path: Path, subset: str | None = None) -> dict[str, _Table]:
+    if subset is not None:
+        inner = path / subset
+        if not inner.is_dir() or Path(subset).is_absolute() or ".." in Path(subset).parts:
+            found = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+            raise ValueError(
+                f"dataset directory {str(path)!r} has no subset {subset!r}; "
+                f"found: {', '.join(found) or 'none'}"
+            )
+        path = inner
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
         return _read_saved_dataset(path)
+    if shards := _split_shards(path):
+        return shards
     train = next(
         (path / f"train{suffix}" for suffix in FILE_SUFFIXES if (path / f"train{suffix}").is_file()), None
     )
@@ -280,6 +331,46 @@ def _read_directory(path: Path) -> dict[str, _Table]:
             "(dataset_dict.json or state.json)"
         )
     return {"train": _read_file(train), "eval": _read_file(evaluation)}
+
+
+_SHARD = re.compile(r"^(train|test|validation)([-_.].*)?$")
+
+
+def _split_shards(path: Path) -> dict[str, _Table] | None:
+    """A Hub dataset repository's layout: ``train-*`` and ``test-*`` (or ``validation-*``) shard files in
+    one folder at or below ``path``; None when ``path`` holds plain train/test files or no shards."""
+    if any((path / f"train{suffix}").is_file() for suffix in FILE_SUFFIXES):
+        return None  # the plain layout (train.jsonl beside test.jsonl) is read as before
+    shards: dict[Path, dict[str, list[Path]]] = {}
+    for file in sorted(path.rglob("*")):
+        relative = file.relative_to(path)
+        if any(part.startswith(".") for part in relative.parts) or file.suffix.lower() not in FILE_SUFFIXES:
+            continue
+        if (match := _SHARD.match(file.name.removesuffix(file.suffix))) and file.is_file():
+            shards.setdefault(file.parent, {}).setdefault(match.group(1), []).append(file)
+    usable = {folder: splits for folder, splits in shards.items() if "train" in splits}
+    if not usable:
+        return None
+    if len(usable) > 1:
+        names = ", ".join(str(folder.relative_to(path)) for folder in usable)
+        raise ValueError(
+            f"dataset directory {str(path)!r} holds several subsets ({names}): choose one with dataset_subset"
+        )
+    folder, splits = next(iter(usable.items()))
+    evaluation = next((name for name in ("test", "validation") if name in splits), None)
+    if evaluation is None:
+        return {"all": _concatenated(folder, "train", splits["train"])}
+    return {
+        "train": _concatenated(folder, "train", splits["train"]),
+        "eval": _concatenated(folder, evaluation, splits[evaluation]),
+    }
+
+
+def _concatenated(folder: Path, split: str, files: list[Path]) -> _Table:
+    tables = [_read_file(file) for file in files]
+    if len(tables) == 1:
+        return tables[0]
+    return _Table(f"{folder} split {split!r}", [row for table in tables for row in table.rows])
 
 
 def _read_saved_dataset(path: Path) -> dict[str, _Table]:

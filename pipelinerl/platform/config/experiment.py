@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from pipelinerl.platform.config.base import Mode, Section, multiple_of_field, requires_when, schema_at
+from pipelinerl.platform.config.hub_ids import hub_id_problem, looks_like_hub_id
 
 
 class RunConfig(Section):
@@ -102,11 +103,35 @@ class RunConfig(Section):
         return data
 
 
+class HubSnapshot(Section):
+    """Recorded by the launcher: the Hub id a local path was resolved from (not a setting)."""
+
+    id: str = Field(description="The Hugging Face Hub id asked for.")
+    revision: str | None = Field(None, description="The revision asked for (empty: main).")
+    commit: str = Field(description="The commit of the snapshot the run loaded.")
+
+
 class ModelConfig(Section):
     path: Path | None = Field(
         None,
-        description="Local Hugging Face model directory. Empty: the embedded tiny model, warm-started "
-        "on the task and cached in the platform home.",
+        description="Local Hugging Face model directory, or a Hugging Face Hub id ('Qwen/Qwen2.5-0.5B-"
+        "Instruct'; revision in model.revision) that the launcher downloads once, before any stage "
+        "starts (offline: HF_HUB_OFFLINE=1 reads only the cache). Empty: the embedded tiny model, "
+        "warm-started on the task and cached in the platform home.",
+    )
+    revision: str | None = Field(
+        None,
+        description="With a Hub id in model.path: the branch, tag or commit to load (empty: main).",
+    )
+    cache_dir: Path | None = Field(
+        None,
+        description="With a Hub id in model.path: download the snapshot into this Hugging Face cache "
+        "directory (shared storage when stages run on other nodes). Empty: HF_HUB_CACHE, else HF_HOME/hub.",
+    )
+    hub_snapshot: HubSnapshot | None = Field(
+        None,
+        description="Written by the launcher into the run's config.json when model.path was a Hub id: "
+        "the id, the revision asked and the commit loaded (model.path then holds the local snapshot).",
     )
     warmstart_max_steps: int = Field(
         600,
@@ -143,12 +168,45 @@ class ModelConfig(Section):
     def _path_is_model_dir(cls, path: Path | None) -> Path | None:
         if path is None:
             return None
+        written = str(path)
         path = path.expanduser()
+        if not path.is_dir() and looks_like_hub_id(written):  # a Hub id: the launcher resolves it
+            if (problem := hub_id_problem(written)) is not None:
+                raise ValueError(
+                    f"model.path {written!r} is no local directory and not a valid Hugging Face Hub id: "
+                    f"{problem}"
+                )
+            return Path(written)
         if not path.is_dir():
-            raise ValueError(f"model directory {str(path)!r} does not exist (give a local Hugging Face dir)")
+            raise ValueError(
+                f"model directory {str(path)!r} does not exist (give a local Hugging Face dir, or a Hub id "
+                "such as 'Qwen/Qwen2.5-0.5B-Instruct')"
+            )
         if not (path / "config.json").is_file():
             raise ValueError(f"{str(path)!r} has no config.json: not a Hugging Face model directory")
         return path
+
+    @model_validator(mode="after")
+    def _revision_needs_hub_id(self) -> ModelConfig:
+        if self.revision is not None and not self.is_hub_id():
+            where = (
+                "empty (the embedded model)"
+                if self.path is None
+                else f"the local directory {str(self.path)!r}"
+            )
+            raise ValueError(
+                f"model.revision={self.revision!r} needs a Hugging Face Hub id in model.path, which is "
+                f"{where}; drop model.revision or name the model by id"
+            )
+        return self
+
+    def is_hub_id(self) -> bool:
+        """model.path names a Hub id still to resolve (not an existing directory)."""
+        return (
+            self.path is not None
+            and not self.path.expanduser().is_dir()
+            and looks_like_hub_id(str(self.path))
+        )
 
 
 # The tasks the package ships (``pipelinerl/tasks``); a user's own is named "package.module:Class".
@@ -170,6 +228,11 @@ class TaskConfig(Section):
     )
     train_problems: int = Field(20000, ge=1, description="Size of the deterministic train split.")
     eval_problems: int = Field(200, ge=1, description="Held-out problems for eval success.")
+    hub_snapshot: HubSnapshot | None = Field(
+        None,
+        description="Written by the launcher into the run's config.json when the math task's dataset was "
+        "a Hub id: the id, the revision asked and the commit read (options.dataset then holds the snapshot).",
+    )
 
     @field_validator("name")
     @classmethod
@@ -401,6 +464,11 @@ class EvalConfig(Section):
         False,
         description="Decode the eval sets greedily (temperature 0) instead of at actor.temperature; needs "
         "actor.engine='vllm' (the transformers engine's batch samples every request at one temperature).",
+    )
+    hub_snapshots: dict[str, HubSnapshot] = Field(
+        default_factory=dict,
+        description="Written by the launcher into the run's config.json for each eval set whose math "
+        "dataset was a Hub id: set name -> the id, the revision asked and the commit read.",
     )
 
     @field_validator("sets")

@@ -90,6 +90,12 @@ def run_tags(config: PipelineConfig, model_path: Path, prefect_flow_run_id: str 
         "model": str(model_path),
         "engine": config.actor.engine,
     }
+    # A model or dataset named by Hub id: what was asked (id, revision; empty is main) and what was loaded.
+    for prefix, snapshot in (("model", config.model.hub_snapshot), ("dataset", config.task.hub_snapshot)):
+        if snapshot is not None:
+            tags[f"{prefix}.hub_id"] = snapshot.id
+            tags[f"{prefix}.revision"] = snapshot.revision or "main"
+            tags[f"{prefix}.commit"] = snapshot.commit
     commit = git_commit()
     if commit:
         tags["mlflow.source.git.commit"] = commit

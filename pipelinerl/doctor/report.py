@@ -1,0 +1,129 @@
+"""Run every check (the slow ones side by side) and show them: a table, or JSON for scripts."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from pipelinerl.doctor import collectives, engines, machine, services
+from pipelinerl.doctor.checks import STATUSES, Check
+from pipelinerl.platform.config import PipelineConfig
+
+STYLES = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
+SECTIONS = (machine.SECTION, engines.SECTION, collectives.SECTION, services.SECTION)
+
+
+@dataclass
+class Report:
+    checks: list[Check]
+    elapsed_s: float
+
+    @property
+    def ok(self) -> bool:
+        return not any(check.status == "FAIL" for check in self.checks)
+
+    def counts(self) -> dict[str, int]:
+        counted = Counter(check.status for check in self.checks)
+        return {status: counted.get(status, 0) for status in STATUSES}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "elapsed_s": round(self.elapsed_s, 2),
+            "counts": self.counts(),
+            "checks": [check.as_dict() for check in self.checks],
+        }
+
+
+def _guarded(section: str, name: str, work: Callable[[], Any]) -> Callable[[], list[Check]]:
+    """``work`` as a list of checks; a check that raises is a FAIL naming the error, not a traceback."""
+
+    def run() -> list[Check]:
+        try:
+            result = work()
+        except Exception as error:
+            return [Check(section, name, "FAIL", f"the check itself failed: {type(error).__name__}: {error}")]
+        return result if isinstance(result, list) else [result]
+
+    return run
+
+
+def run_checks(config: PipelineConfig) -> Report:
+    """Every check on ``config``; the ones that start processes run side by side."""
+    start = time.perf_counter()
+    services.preload()  # before the threads: two threads importing SQLAlchemy at once break its import
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        torch_future = pool.submit(machine.torch_facts)
+        smi_future = pool.submit(machine.nvidia_smi_facts)
+        deepspeed_future = pool.submit(engines.deepspeed_facts)
+        gloo = pool.submit(_guarded(collectives.SECTION, "gloo", lambda: collectives.check_gloo(config)))
+        later: list[Future[list[Check]]] = [
+            pool.submit(
+                _guarded(engines.SECTION, "vLLM environment", lambda: engines.check_vllm_env(config))
+            ),
+            pool.submit(
+                _guarded(engines.SECTION, "transformers", lambda: engines.check_transformers(config))
+            ),
+            pool.submit(
+                _guarded(services.SECTION, "tracking store", lambda: services.check_tracking_store(config))
+            ),
+            pool.submit(
+                _guarded(
+                    services.SECTION, "platform database", lambda: services.check_platform_database(config)
+                )
+            ),
+            pool.submit(_guarded(services.SECTION, "Prefect API", lambda: services.check_prefect(config))),
+            pool.submit(_guarded(services.SECTION, "transport ports", lambda: services.check_ports(config))),
+        ]
+        torch, smi = torch_future.result(), smi_future.result()
+        gpus = len(torch.get("devices", []))
+        nccl = pool.submit(
+            _guarded(collectives.SECTION, "NCCL", lambda: collectives.check_nccl(config, gpus))
+        )
+        checks = _guarded(
+            machine.SECTION,
+            "this machine",
+            lambda: machine.machine_checks(config, torch=torch, smi=smi or False),
+        )()
+        deepspeed = deepspeed_future.result()
+        checks += _guarded(engines.SECTION, "DeepSpeed", lambda: engines.check_deepspeed(deepspeed))()
+        for future in [*later, gloo, nccl]:
+            checks += future.result()
+    order = {section: index for index, section in enumerate(SECTIONS)}
+    checks.sort(key=lambda check: order.get(check.section, len(order)))  # stable: keeps each section's order
+    return Report(checks, time.perf_counter() - start)
+
+
+def render(report: Report, console: Console) -> None:
+    """The checks as one table, a section per heading row; long cells wrap, no column is dropped."""
+    table = Table(show_lines=False, expand=True, header_style="bold")
+    table.add_column("Check", ratio=2, min_width=10, overflow="fold")
+    table.add_column("Status", no_wrap=True, min_width=4)
+    table.add_column("Result", ratio=4, min_width=16, overflow="fold")
+    table.add_column("Fix", ratio=3, min_width=12, overflow="fold")
+    section = None
+    for check in report.checks:
+        if check.section != section:
+            if section is not None:
+                table.add_section()
+            section = check.section
+            table.add_row(Text(section, style="bold cyan"), "", "", "")
+        table.add_row(check.name, Text(check.status, style=STYLES[check.status]), check.detail, check.fix)
+    console.print(table)
+    counts = ", ".join(f"{count} {status}" for status, count in report.counts().items() if count)
+    verdict = (
+        "[green]this machine can run the platform[/green]"
+        if report.ok
+        else "[bold red]fix the FAILs[/bold red]"
+    )
+    console.print(
+        f"{len(report.checks)} checks in {report.elapsed_s:.1f} s: {counts}; {verdict}", highlight=False
+    )
