@@ -197,7 +197,7 @@ def check_gpus(torch: dict[str, Any], smi: dict[str, Any] | None) -> Check:
     no_bf16 = [d for d in devices if tuple(d["capability"]) < BF16_CAPABILITY]
     if no_bf16:
         return Check(
-            SECTION, "GPUs", "WARN", names, "no bf16 below compute capability 8.0: use model.dtype='float16'"
+            SECTION, "GPUs", "WARN", names, "no bf16 below compute capability 8.0: set model.dtype='float32'"
         )
     return Check(SECTION, "GPUs", "PASS", names, data={"devices": devices})
 
