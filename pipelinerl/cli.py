@@ -74,12 +74,18 @@ def _track_in_stack(config):  # type: ignore[no-untyped-def]
 
 
 def _log_to_console() -> None:
-    """Library progress (the warm-start, warnings) goes through the same console as the live view."""
+    """Library progress (the warm-start, warnings) goes through the same console as the live view; the
+    libraries' own chatter does not: Alembic's INFO lines about its plugins and each migration (the
+    platform database is migrated at every run's start), and transformers' progress bars while the
+    weights load or save (HF_HUB_DISABLE_PROGRESS_BARS=0 shows them again). Their warnings still show."""
     import logging
+    import os
 
     from rich.logging import RichHandler
 
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when transformers is imported
     logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console)])
+    logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 @app.command()
