@@ -161,14 +161,13 @@ def _seconds(value: float | None) -> str:
 
 def print_comparison(console: Console, result: Any) -> None:
     """The comparison table (``launch/compare.py``'s ``ComparisonResult``): one ``× faster than B``
-    column per baseline B (``platform/tracking/ratios.py``: B's time ÷ the row's)."""
+    column per baseline B (``platform/tracking/ratios.py``: B's time ÷ the row's). Every column is kept:
+    where the table does not fit the console's width unwrapped (a narrow terminal, a log file's 80
+    columns) each run is printed as a block of its own, one line a column, rather than cutting columns
+    or folding their words."""
     rows = result.rows
     baselines = list(rows[0].times_faster_than) if rows else []
-    table = Table(
-        title=f"Comparison {result.comparison_id}: time to a smoothed train reward of {result.target:.3f}",
-        caption=TIMES_FASTER_MEANING,
-    )
-    for column in (
+    headings = [
         "run",
         "time to target",
         "samples to target",
@@ -177,10 +176,9 @@ def print_comparison(console: Console, result: Any) -> None:
         "lag mean / max",
         "held-out success",
         "training wall time",
-    ):
-        table.add_column(column, justify="left" if column == "run" else "right", no_wrap=True)
-    for row in rows:
-        table.add_row(
+    ]
+    cells = [
+        [
             row.label,
             _seconds(row.time_to_target_s),
             "-" if row.samples_to_target is None else str(row.samples_to_target),
@@ -189,7 +187,27 @@ def print_comparison(console: Console, result: Any) -> None:
             f"{row.lag_mean:.2f} / {row.lag_max}",
             f"{row.eval_success_start:.1%} -> {row.eval_success_end:.1%}",
             f"{row.wall_s:.0f} s",
-        )
-    console.print(table, width=max(console.width, 170))  # a log file gets the full table too
+        ]
+        for row in rows
+    ]
+    title = f"Comparison {result.comparison_id}: time to a smoothed train reward of {result.target:.3f}"
+    table = Table(title=title, caption=TIMES_FASTER_MEANING)
+    for heading in headings:
+        table.add_column(heading, justify="left" if heading == "run" else "right", overflow="fold")
+    for row_cells in cells:
+        table.add_row(*row_cells)
+    natural = console.measure(table, options=console.options.update_width(10_000)).maximum
+    if natural <= console.width:
+        console.print(table)
+    else:  # too narrow for the columns side by side: one block per run
+        console.print(title, highlight=False)
+        for row_cells in cells:
+            block = Table(show_header=False, title=row_cells[0], title_justify="left", box=None)
+            block.add_column(overflow="fold")
+            block.add_column(overflow="fold")
+            for heading, cell in zip(headings[1:], row_cells[1:], strict=True):
+                block.add_row(heading, cell)
+            console.print(block)
+        console.print(TIMES_FASTER_MEANING, highlight=False)
     if result.mlflow_run_id:
         console.print(f"parent MLflow run: {result.mlflow_run_id} (child runs: one per mode)")
