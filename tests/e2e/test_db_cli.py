@@ -126,3 +126,29 @@ def test_help_does_not_import_the_database_libraries() -> None:
     assert probe.stdout.strip() == "False False", probe.stderr
     result = run_cli("--help")
     assert result.returncode == 0 and "db" in result.stdout and "runs" in result.stdout
+
+
+def test_a_comparison_parent_shows_its_runs_and_a_readable_summary(url: str) -> None:
+    """``runs show`` of a compare parent: its runs under it, its summary flattened with floats to 4
+    digits (not a Python dict of 16-digit floats), no "steps 0"."""
+    started = datetime(2026, 11, 22, 5, 0, tzinfo=UTC)
+    with PlatformStore(url) as store:
+        store.create_run("cmp-7", "pipelinerl", "compare", {}, started)
+        for index, mode in enumerate(("pipeline", "conventional")):
+            child = f"cmp-7-{mode}"
+            store.create_run(
+                child, "pipelinerl", mode, {}, started + timedelta(minutes=index), parent_run_id="cmp-7"
+            )
+            store.finish_run(
+                child, "finished", started + timedelta(minutes=index + 1), {"eval_success_end": 0.4375}
+            )
+        summary = {"target": 0.6153846153846154, "rows": [{"label": "pipeline", "ess_mean": 0.98765432101}]}
+        store.finish_run("cmp-7", "finished", started + timedelta(minutes=3), summary)
+    result = run_cli("runs", "show", "cmp-7", "--url", url)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "summary.target" in result.stdout and "0.6154" in result.stdout
+    assert "summary.rows.0.ess_mean" in result.stdout and "0.9877" in result.stdout
+    assert "0.6153846153846154" not in result.stdout and "{" not in result.stdout
+    assert "runs under it" in result.stdout
+    assert "cmp-7-pipeline" in result.stdout and "cmp-7-conventional" in result.stdout
+    assert "43.8%" in result.stdout and "its 2 runs train" in result.stdout

@@ -246,6 +246,7 @@ def runs_show(
     """One run: its fields and summary, then its per-step statistics."""
     with _store(_url(url, config, set_)) as store:
         detail = store.get_run(run)
+        children = store.child_runs(detail.run.id)
     row = detail.run
     fields = Table(show_header=False, title=f"run {escape(row.id)}", title_justify="left")
     fields.add_column("field", style="bold")
@@ -257,21 +258,36 @@ def runs_show(
         ("started", _time(row.started_at)),
         ("ended", _time(row.ended_at)),
         ("duration", _duration(row.duration_s)),
-        ("steps", str(row.steps)),
+        ("steps", str(row.steps) if row.steps or not children else f"— (its {len(children)} runs train)"),
         ("policy versions", str(len(detail.policy_versions))),
         ("MLflow run", row.mlflow_run_id or "—"),
         ("Prefect flow run", row.prefect_flow_run_id or "—"),
         ("parent run", row.parent_run_id or "—"),
     ):
         fields.add_row(name, value if name == "status" else escape(value))
-    for key, value in (row.summary or {}).items():
-        fields.add_row(
-            escape(f"summary.{key}"),
-            _number(value, ".4g") if isinstance(value, float) else escape(str(value)),
-        )
+    for key, value in _flat_summary(row.summary or {}):
+        fields.add_row(escape(f"summary.{key}"), _summary_value(value))
     console.print(fields)
+    if children:
+        table = Table(title="runs under it", title_justify="left")
+        for name in ("run", "mode", "status", "steps", "duration", "held-out success", "lag mean", "ESS"):
+            table.add_column(name, justify="left" if name in ("run", "mode", "status") else "right")
+        for child in children:
+            summary = child.summary or {}
+            table.add_row(
+                escape(child.id),
+                escape(child.mode),
+                _status(child.status),
+                str(child.steps),
+                _duration(child.duration_s),
+                _number(summary.get("eval_success_end"), ".1%"),
+                _number(summary.get("lag_mean"), ".2f"),
+                _number(summary.get("ess_mean"), ".3f"),
+            )
+        _print_whole_rows(table)
     if not detail.steps:
-        console.print("no steps recorded")
+        if not children:
+            console.print("no steps recorded")
         return
     steps = Table(title="steps", title_justify="left")
     for name in ("version", "reward", "ESS", "lag mean", "lag p90", "lag max", "samples"):
@@ -297,6 +313,30 @@ def _print_whole_rows(table: Table) -> None:
         console.print(table)
     else:  # Console.print never renders wider than the console it is called on
         Console(width=natural, force_terminal=console.is_terminal, no_color=console.no_color).print(table)
+
+
+def _flat_summary(summary: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """A summary's fields one per row: a mapping's or a list's items under their dotted key."""
+    rows: list[tuple[str, Any]] = []
+    for key, value in summary.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            rows += _flat_summary(value, f"{name}.")
+        elif isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            for index, item in enumerate(value):
+                rows += _flat_summary(item, f"{name}.{index}.")
+        else:
+            rows.append((name, value))
+    return rows
+
+
+def _summary_value(value: Any) -> str:
+    """A summary field as a person reads it: floats to 4 significant digits, lists item by item."""
+    if isinstance(value, float):
+        return format(value, ".4g")
+    if isinstance(value, list):
+        return escape(", ".join(_summary_value(item) for item in value)) or "—"
+    return "—" if value is None else escape(str(value))
 
 
 def _number(value: Any, spec: str) -> str:

@@ -239,6 +239,14 @@ class PlatformStore:
             query = _runs_with_steps().order_by(Run.started_at.desc(), Run.id.desc()).limit(limit)
             return [_run_row(run, steps) for run, steps in session.execute(query).tuples()]
 
+    def child_runs(self, parent_run_id: str) -> list[RunRow]:
+        """The runs started under ``parent_run_id`` (a comparison's modes, a sweep's points), in order."""
+        with self._transaction() as session:
+            query = (
+                _runs_with_steps().where(Run.parent_run_id == parent_run_id).order_by(Run.started_at, Run.id)
+            )
+            return [_run_row(run, steps) for run, steps in session.execute(query).tuples()]
+
     def get_run(self, run_id_or_prefix: str) -> RunDetail:
         """A run by its id or a unique prefix of it; LookupError if none or several match."""
         with self._transaction() as session:
