@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -147,6 +147,29 @@ def _run_errors() -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
+def _status_lines(update: Callable[[str], None], every_s: float = 10.0) -> Callable[[str], None]:
+    """A status callback for long work: in a terminal the spinner's text changes; written to a file or
+    a pipe (where a spinner shows nothing) a timestamped line is printed at each new phase and, within
+    one, at most every ``every_s`` seconds."""
+    import time
+
+    last: dict[str, Any] = {"at": 0.0, "phase": None}
+
+    def show(text: str) -> None:
+        update(text)
+        if console.is_terminal:
+            return
+        phase = text.split(" step ")[0]
+        now = time.monotonic()
+        if phase != last["phase"] or now - last["at"] >= every_s:
+            console.print(
+                f"{time.strftime('%H:%M:%S')} {text}", highlight=False, markup=False, soft_wrap=True
+            )
+            last.update(at=now, phase=phase)
+
+    return show
+
+
 @app.command()
 def compare(
     modes: Annotated[
@@ -174,7 +197,7 @@ def compare(
     _log_to_console()
     with _run_errors(), console.status("comparing") as spinner:
         result = run_comparison(
-            resolved, mode_list, target=target, window=window, on_status=lambda text: spinner.update(text)
+            resolved, mode_list, target=target, window=window, on_status=_status_lines(spinner.update)
         )
     from pipelinerl.launch.progress import print_comparison
 

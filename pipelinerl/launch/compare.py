@@ -12,7 +12,7 @@ one, the first mode), as the dashboard's comparison table has them.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from functools import partial
@@ -21,6 +21,7 @@ from typing import Any
 from pipelinerl.launch.launcher import RunResult, launch
 from pipelinerl.platform.config import MODES, ConfigError, PipelineConfig
 from pipelinerl.platform.tracking import figures
+from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.tracking.comparison import DEFAULT_WINDOW, ModeRow, compare_runs
 from pipelinerl.platform.tracking.parent_run import parent_run
 from pipelinerl.platform.tracking.ratios import times_faster_key
@@ -81,6 +82,7 @@ def run_comparison(
                 mode_cfg,
                 run_id=f"{comparison_id}-{label}",
                 on_status=partial(_labelled, status, label),
+                on_records=partial(_stepped, status, label, mode_cfg.run.max_steps),
                 parent_mlflow_run_id=parent.mlflow_run_id if parent else None,
                 parent_run_id=comparison_id if parent else None,
                 prefect_flow_run_id=prefect_flow_run_id,
@@ -129,6 +131,16 @@ def log_comparison(
         "comparison.json",
         metrics,
     )
+
+
+def _stepped(
+    status: Callable[[str], None], label: str, steps: int, records: Sequence[dict[str, Any]]
+) -> None:
+    """A mode's progress as its trainer steps arrive: ``[pipeline] step 12/40, train reward 0.41``."""
+    trained = [r for r in records if registry.POLICY_VERSION in r and registry.REWARD_MEAN in r]
+    if trained:
+        version, reward = trained[-1][registry.POLICY_VERSION], trained[-1][registry.REWARD_MEAN]
+        status(f"[{label}] step {version}/{steps}, train reward {reward:.3f}")
 
 
 def _labelled(status: Callable[[str], None], label: str, text: str) -> None:
