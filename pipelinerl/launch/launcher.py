@@ -52,6 +52,7 @@ from pipelinerl.platform.config import ConfigError, PipelineConfig, with_overrid
 from pipelinerl.platform.curve_keys import PRIVATE_DIR_MODE, create_curve_keys
 from pipelinerl.platform.jsonl import JsonlTail
 from pipelinerl.platform.restart_records import discard_after, read_restarts
+from pipelinerl.platform.run_phase import write_phase
 from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.tracking.mlflow_store import CheckpointRecord, check_reachable, mlflow_uri
 from pipelinerl.platform.transport import check_bindable
@@ -123,6 +124,16 @@ def preflight(config: PipelineConfig) -> PipelineConfig:
         except ProfileError as error:
             raise ConfigError(f"run.plan_profile={config.run.plan_profile!r}: {error}") from None
     return config
+
+
+def _recording_phases(status: Callable[[str], None], run_dir: Path) -> Callable[[str], None]:
+    """``status``, also writing each phase to the run directory (``platform/run_phase.py``)."""
+
+    def both(text: str) -> None:
+        write_phase(run_dir, text)
+        status(text)
+
+    return both
 
 
 def make_private_run_dir(run_dir: Path) -> None:
@@ -392,6 +403,7 @@ def launch(
     model_path = resolve_model(config)
     run_dir = (config.run.output_dir / (run_id or new_run_id(config.run.mode))).resolve()
     make_private_run_dir(run_dir)
+    status = _recording_phases(status, run_dir)  # the dashboard shows what it does before its first step
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
 
     # Every run authenticates its peers, on loopback too (another local process is a stranger); stages

@@ -44,12 +44,14 @@ PREPROCESSOR_KEYS = (
 def run_directory(config: dict[str, Any], run_id: str, checkpoint_paths: list[str]) -> Path | None:
     """Where the run wrote its files: ``run.output_dir/<id>`` from its stored configuration (a
     relative ``output_dir`` is taken from the dashboard's working directory, as the launcher took it
-    from its own), else the run directory that holds one of its checkpoints; None if neither exists."""
+    from its own), else the run directory that holds one of its checkpoints; None if neither exists.
+    A run directory is known by its ``config.json`` (the launcher writes it first) or its trainer's
+    ``metrics.jsonl``: before the first step there are no records yet, and that is no missing directory."""
     output_dir = (config.get("run") or {}).get("output_dir")
     candidates = [Path(str(output_dir)).expanduser() / run_id] if output_dir else []
     candidates += [Path(path).parent.parent for path in checkpoint_paths if path]
     for candidate in candidates:
-        if (candidate / "metrics.jsonl").is_file():
+        if (candidate / "metrics.jsonl").is_file() or (candidate / "config.json").is_file():
             return candidate.resolve()
     return None
 

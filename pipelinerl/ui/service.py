@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pipelinerl.platform.run_phase import read_phase
 from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.tracking.catch_up import mark_crashed_and_catch_up
 from pipelinerl.platform.tracking.db import RUN_STATUSES, PlatformDatabaseError, display_url
@@ -287,6 +288,8 @@ class Dashboard:
             ],
             # the simulator's prediction beside what the run measured (a planned run, once ended)
             "prediction": read_prediction(run_dir) if run_dir else None,
+            # what a running run does now, in words (before its first step, all the page has to say)
+            "phase": _phase(run_dir, row.status, now),
             "warnings": warnings,
         }
 
@@ -408,6 +411,14 @@ def _latest_eval(latest: dict[str, float]) -> dict[str, Any] | None:
     if EVAL_SUCCESS in latest:
         return {"name": EVAL_SUCCESS, "value": latest[EVAL_SUCCESS]}
     return None
+
+
+def _phase(run_dir: Path | None, status: str, now: datetime) -> dict[str, Any] | None:
+    """The running run's phase (``platform/run_phase.py``) and for how long it has been in it."""
+    phase = read_phase(run_dir) if run_dir is not None and status == "running" else None
+    if phase is None:
+        return None
+    return {"text": phase.text, "for_s": round(max(0.0, now.timestamp() - phase.since), 1)}
 
 
 def _no_run_dir(row: RunListRow) -> str:

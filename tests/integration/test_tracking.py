@@ -105,6 +105,11 @@ def test_the_command_writes_the_run_directory_and_says_what_it_did(tracked_comma
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in records] == list(range(1, STEPS + 1))
     assert json.loads((run_dir / "config.json").read_text())["run"]["max_steps"] == STEPS
+    # the launcher's last phase, for the dashboard (platform/run_phase.py)
+    assert (
+        json.loads((run_dir / "phase.json").read_text())["text"]
+        == "measuring held-out success of the final policy"
+    )
     assert "held-out success" in command.stdout and "sequences written by 2+ versions" in command.stdout
     assert "MLflow run" in command.stdout
     assert (run_dir / "mlflow_run_id").read_text() in command.stdout.replace("\n", "")

@@ -12,12 +12,15 @@ import json
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from selenium.webdriver.support.ui import Select
 
+from pipelinerl.platform.run_phase import write_phase
+from pipelinerl.platform.tracking.store import PlatformStore
 from pipelinerl.ui.app import UiSettings
 from pipelinerl.ui.load_benchmark import BackgroundServer, fill_synthetic_run
 from tests.browser import headless_chromium, screenshot_dir
@@ -211,3 +214,26 @@ def test_a_planned_runs_page_shows_its_prediction_beside_what_it_measured(
     ]
     assert rows[-1][1:] == ["4", "5", "-1 (-20 %)"]
     screenshot(browser, artifacts, "run-prediction")
+
+
+def test_before_its_first_step_a_run_page_says_what_the_run_is_doing(
+    server: BackgroundServer, root: Path, browser: Any, artifacts: Path
+) -> None:
+    """A running run with no step yet (its starting evaluation: minutes on a big model): the page says
+    so, in a box that stands out, and warns of no missing run directory (it exists, without records)."""
+    run_id = "20261126-004500-pipeline-f00d00"
+    runs = root / "runs"
+    config = {"run": {"mode": "pipeline", "output_dir": str(runs)}}
+    [first] = api_json(server, "/api/runs")["runs"]
+    with PlatformStore(f"sqlite:///{root / 'platform.db'}") as store:  # fill_synthetic_run's database
+        store.create_run(run_id, "pipelinerl", "pipeline", config, datetime.now(UTC))
+    (runs / run_id).mkdir(parents=True)
+    (runs / run_id / "config.json").write_text(json.dumps(config))
+    write_phase(runs / run_id, "measuring held-out success of the starting policy")
+    browser.get(f"{server.url}/runs/{run_id}")
+    phase = browser.find_element("id", "run-phase")
+    wait_until(phase.is_displayed, 30, "the run's phase")
+    assert phase.text.startswith("Before the first step: measuring held-out success of the starting policy")
+    assert "not found" not in browser.find_element("id", "run-warnings").text
+    screenshot(browser, artifacts, "run-before-first-step")
+    assert first["id"] != run_id

@@ -184,6 +184,7 @@ const Dashboard = (() => {
       drawStages(live.stages);
       drawRunCharts(steps, live, histogram, heatmap);
       drawPrediction(live.prediction);
+      drawPhase(live.phase, steps);
       return run.status === "running";  // a finished run is drawn once
     });
   }
@@ -200,6 +201,17 @@ const Dashboard = (() => {
     stage("stage-trainer", num(stages.trainer.tokens_per_s, 0) + " " + stages.trainer.units.tokens_per_s, stages.trainer.idle_fraction);
     document.querySelector("#queue-rollouts span").textContent = stages.rollout_queue ?? "–";
     document.querySelector("#queue-batches span").textContent = stages.batches_ahead ?? "–";
+  }
+
+  // What a running run does now (the launcher's phase: the starting evaluation, the stages starting...);
+  // before its first step it is all there is to show, so it stands out then.
+  function drawPhase(phase, steps) {
+    const box = document.getElementById("run-phase");
+    if (!phase) { box.hidden = true; return; }
+    box.hidden = false;
+    const before = !steps.version || steps.version.length === 0;
+    box.classList.toggle("before-first-step", before);
+    box.textContent = (before ? "Before the first step: " : "Now: ") + `${phase.text} (for ${duration(phase.for_s)})`;
   }
 
   // A planned run's prediction beside what it measured (plan_prediction.json); absent otherwise.
