@@ -42,11 +42,9 @@ from typing import Any, Protocol
 from pipelinerl.launch.actor_env import check_actor_interpreter
 from pipelinerl.launch.hub_sources import resolve_hub_sources
 from pipelinerl.launch.run_paths import check_run_paths
+from pipelinerl.launch.run_prediction import check_plan_profile, record_prediction
 from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, LocalStages, RunStalled, StageFailed, StallWatch
 from pipelinerl.launch.summary import summarize
-from pipelinerl.plan.calibrate import CalibrationError
-from pipelinerl.plan.measured import PREDICTION_FILE, plan_metrics, predicted_beside_measured
-from pipelinerl.plan.profile import ProfileError, resolve_profile
 from pipelinerl.platform.checkpoint import latest_checkpoint, starting_version
 from pipelinerl.platform.config import ConfigError, PipelineConfig, with_overrides
 from pipelinerl.platform.curve_keys import PRIVATE_DIR_MODE, create_curve_keys
@@ -118,11 +116,7 @@ def preflight(config: PipelineConfig) -> PipelineConfig:
         check_reachable(database_url(config), "platform database")
     config = resolve_hub_sources(config)
     check_task_and_model(config)
-    if config.run.plan_profile is not None:  # a profile that cannot be read fails now, not at the end
-        try:
-            resolve_profile(config.run.plan_profile)
-        except ProfileError as error:
-            raise ConfigError(f"run.plan_profile={config.run.plan_profile!r}: {error}") from None
+    check_plan_profile(config)  # a profile that cannot be read fails now, not at the run's end
     return config
 
 
@@ -496,29 +490,8 @@ def _run(
         },
     )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    if config.run.plan_profile is not None:
-        _predicted_beside_measured(config, run_dir, sinks, records)
+    record_prediction(config, run_dir, sinks.tracker, records)
     return RunResult(run_dir=run_dir, summary=summary, records=records)
-
-
-def _predicted_beside_measured(
-    config: PipelineConfig, run_dir: Path, sinks: Sinks, records: Sequence[dict[str, Any]]
-) -> None:
-    """``run.plan_profile``: the simulator's prediction of this run (its own config and completion
-    lengths) beside what it measured, in ``plan_prediction.json`` and MLflow. A run too short to compare
-    says so in the file rather than failing: the run itself succeeded."""
-    assert config.run.plan_profile is not None
-    try:
-        prediction = predicted_beside_measured(
-            config, run_dir, config.run.plan_profile, config.run.plan_prompt_tokens
-        )
-    except (ValueError, CalibrationError) as error:
-        (run_dir / PREDICTION_FILE).write_text(json.dumps({"error": str(error)}, indent=2))
-        return
-    (run_dir / PREDICTION_FILE).write_text(json.dumps(prediction, indent=2))
-    if sinks.tracker is not None:
-        version = records[-1]["policy_version"] if records else 0
-        sinks.tracker.predicted(prediction, plan_metrics(prediction), version)
 
 
 def _train(

@@ -19,8 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from pipelinerl.platform.tracking.store import PlatformStore
 from tests.conftest import worker_port
-from tests.hub_cache import add_to_cache
-from tests.unit.platform.test_hub import write_math_repo
+from tests.hub_cache import add_to_cache, gsm8k_settings, write_math_repo
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -38,12 +37,7 @@ def test_a_run_named_by_hub_ids_resolves_them_once_and_records_them(
     settings = [
         f"model.path={MODEL_ID}",
         "model.revision=v1",
-        "task.name=math",
-        f"task.options.dataset={DATASET_ID}",
-        "task.options.dataset_subset=main",
-        "task.options.question_field=question",
-        "task.options.answer_field=answer",
-        "task.options.answer_format=gsm8k",
+        *gsm8k_settings(DATASET_ID),
         "task.eval_problems=4",
         f"run.output_dir={tmp_path / 'runs'}",
         f"run.home={tmp_path / 'home'}",

@@ -16,7 +16,7 @@ from pipelinerl.platform.config import ConfigError, load_config
 from pipelinerl.platform.hub import fetch_command, hub_id_problem, is_hub_id, resolve_snapshot
 from pipelinerl.platform.tracking.mlflow_store import run_tags
 from pipelinerl.tasks.math_sources import FieldMap, load_splits
-from tests.hub_cache import add_to_cache, fake_commit
+from tests.hub_cache import add_to_cache, fake_commit, gsm8k_settings, write_math_repo
 
 MODEL_ID = "tiny-org/tiny-model"
 DATASET_ID = "tiny-org/tiny-math"
@@ -37,24 +37,6 @@ def fake_model(tmp_path: Path) -> Path:
     source.mkdir()
     (source / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     return source
-
-
-def write_math_repo(root: Path, subsets: tuple[str, ...] = ("main",)) -> Path:
-    """A Hub dataset repository laid out as openai/gsm8k: one folder of shards per subset."""
-    for subset in subsets:
-        folder = root / subset
-        folder.mkdir(parents=True)
-        for split, count in (("train", 12), ("test", 4)):
-            rows = [
-                {
-                    "question": f"{subset} {split} {i}: what is {i} + {i}?",
-                    "answer": f"{i} + {i}\n#### {2 * i}",
-                }
-                for i in range(count)
-            ]
-            (folder / f"{split}-00000-of-00001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / "README.md").write_text("a dataset card")
-    return root
 
 
 # ----- the resolver -----
@@ -216,17 +198,7 @@ def test_preflight_returns_the_resolved_config(
 def test_a_hub_dataset_resolves_and_reads_its_subset(hub_cache: Path, tmp_path: Path) -> None:
     repo = write_math_repo(tmp_path / "repo", subsets=("main", "socratic"))
     snapshot_dir = add_to_cache(hub_cache, DATASET_ID, repo, repo_type="dataset")
-    config = load_config(
-        None,
-        [
-            "task.name=math",
-            f"task.options.dataset={DATASET_ID}",
-            "task.options.dataset_subset=main",
-            "task.options.question_field=question",
-            "task.options.answer_field=answer",
-            "task.options.answer_format=gsm8k",
-        ],
-    )
+    config = load_config(None, gsm8k_settings(DATASET_ID))
     resolved = resolve_hub_sources(config)
     assert resolved.task.options["dataset"] == str(snapshot_dir)
     assert resolved.task.hub_snapshot is not None
@@ -264,11 +236,7 @@ def test_an_eval_sets_hub_dataset_is_resolved_and_recorded(hub_cache: Path, tmp_
     config = load_config(
         None,
         [
-            "task.name=math",
-            f"task.options.dataset={DATASET_ID}",
-            "task.options.dataset_subset=main",
-            "task.options.question_field=question",
-            "task.options.answer_format=gsm8k",
+            *gsm8k_settings(DATASET_ID),
             "eval.every=1",
             f'eval.sets={{later = {{dataset = "{DATASET_ID}", dataset_revision = "v2"}}, '
             "again = {eval_fraction = 0.5}}",
