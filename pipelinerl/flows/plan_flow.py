@@ -4,16 +4,15 @@ home, where the dashboard's Plan page draws it."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
-from pipelinerl.plan.calibrate import completion_lengths
+from pipelinerl.plan.calibrate import lengths_from
 from pipelinerl.plan.figures import sweep_figure
-from pipelinerl.plan.lengths import LENGTH_FORMS, Lengths, parse_lengths
+from pipelinerl.plan.lengths import LENGTH_FORMS
 from pipelinerl.plan.predict import PlanMode
 from pipelinerl.plan.report import Plan, make_plan, save_plan
 from pipelinerl.platform.config import PipelineConfig
@@ -57,11 +56,7 @@ def plan(
         seed: Seed of the drawn lengths.
     """
     logger = get_run_logger()
-    drawn: Lengths = (
-        completion_lengths([Path(part) for part in lengths[4:].split(",")])
-        if lengths.startswith("run:")
-        else parse_lengths(lengths, config.actor.max_new_tokens)
-    )
+    drawn = lengths_from(lengths, config.actor.max_new_tokens)
     made = make_plan(
         config,
         profile,

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelinerl.plan.lengths import EmpiricalLengths
+from pipelinerl.plan.lengths import EmpiricalLengths, Lengths, parse_lengths
 from pipelinerl.plan.profile import CostProfile, Figure
 from pipelinerl.platform.tracking import metric_registry as registry
 
@@ -148,3 +148,11 @@ def completion_lengths(run_dirs: Iterable[Path]) -> EmpiricalLengths:
             f"{', '.join(str(run) for run in runs)}: no per-token files (tokens/step_*.npz)"
         )
     return EmpiricalLengths(lengths)
+
+
+def lengths_from(text: str, max_new_tokens: int) -> Lengths:
+    """Completion lengths as a user gives them: ``run:RUN_DIR[,RUN_DIR...]`` (the completions those
+    finished runs trained) or a form of ``parse_lengths``, cut at ``max_new_tokens``."""
+    if text.startswith("run:"):
+        return completion_lengths([Path(part) for part in text[4:].split(",")])
+    return parse_lengths(text, max_new_tokens)

@@ -11,11 +11,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from pipelinerl.plan.calibrate import CalibrationError, calibrate, completion_lengths
+from pipelinerl.plan.calibrate import CalibrationError, calibrate, lengths_from
 from pipelinerl.plan.cluster import CLUSTER_FORM
 from pipelinerl.plan.contention import fit_alone_speedups
 from pipelinerl.plan.figures import sweep_figure
-from pipelinerl.plan.lengths import LENGTH_FORMS, Lengths, parse_lengths
+from pipelinerl.plan.lengths import LENGTH_FORMS
 from pipelinerl.plan.predict import SWEEP_FORM, SweepPoint, parse_sweep
 from pipelinerl.plan.profile import ProfileError, resolve_profile, shipped_profiles
 from pipelinerl.plan.report import Plan, make_plan, save_plan
@@ -116,12 +116,6 @@ def plan_command(
     console.print(f"recommended: {made.reason}", highlight=False, soft_wrap=True)
     if figure is not None:
         console.print(f"figure written to {figure}", highlight=False)
-
-
-def lengths_from(text: str, max_new_tokens: int) -> Lengths:
-    if text.startswith("run:"):
-        return completion_lengths([Path(part) for part in text[4:].split(",")])
-    return parse_lengths(text, max_new_tokens)
 
 
 def show_runs(made: Plan, as_json: bool) -> None:
