@@ -14,7 +14,7 @@ from pipelinerl.plan.calibrate import lengths_from
 from pipelinerl.plan.figures import sweep_figure
 from pipelinerl.plan.lengths import LENGTH_FORMS
 from pipelinerl.plan.predict import PlanMode
-from pipelinerl.plan.report import Plan, make_plan, save_plan
+from pipelinerl.plan.report import Plan, make_plan, save_plan, speedups
 from pipelinerl.platform.config import PipelineConfig
 
 
@@ -88,11 +88,9 @@ def described(made: Plan) -> str:
     where = f" on {asked['cluster']}" if asked["cluster"] else ""
     if made.best is not None:
         return f"Profile {asked['profile']}{where}, lengths {asked['lengths']}. Recommended: {made.reason}."
-    first, *others = list(made.runs)
+    first = next(iter(made.runs))
     ratios = "; ".join(
-        f"{first} / {other}: {made.runs[first].samples_per_s / made.runs[other].samples_per_s:.2f}x samples/s"
-        for other in others
-        if made.runs[other].samples_per_s
+        f"{first} / {other}: {ratio:.2f}x samples/s" for other, ratio in speedups(made.runs).items()
     )
     return f"Profile {asked['profile']}{where}, lengths {asked['lengths']}. {ratios or ''}".strip()
 

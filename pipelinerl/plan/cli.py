@@ -18,7 +18,7 @@ from pipelinerl.plan.figures import sweep_figure
 from pipelinerl.plan.lengths import LENGTH_FORMS
 from pipelinerl.plan.predict import SWEEP_FORM, SweepPoint, parse_sweep
 from pipelinerl.plan.profile import ProfileError, resolve_profile, shipped_profiles
-from pipelinerl.plan.report import Plan, make_plan, save_plan
+from pipelinerl.plan.report import Plan, make_plan, save_plan, speedups
 from pipelinerl.plan.simulate import SimulatedRun
 from pipelinerl.platform.config import ConfigError, load_config
 
@@ -127,8 +127,9 @@ def show_runs(made: Plan, as_json: bool) -> None:
         console.print(f"on {made.asked['cluster']}", highlight=False)
     console.print(figures_table(runs))
     first, *others = list(runs)
+    ratios = speedups(runs)
     for other in others:
-        ratio = runs[first].samples_per_s / runs[other].samples_per_s if runs[other].samples_per_s else 0.0
+        ratio = ratios.get(other, 0.0)  # 0: the other mode trained nothing
         console.print(
             f"{first} / {other}: {ratio:.2f}x samples/s; {runs[first].seconds:,.0f} s against "
             f"{runs[other].seconds:,.0f} s to the same {runs[first].samples:,} samples",
