@@ -47,6 +47,22 @@ def _load(config_path: Path | None, overrides: list[str] | None):  # type: ignor
         raise typer.Exit(2) from None
 
 
+def _local_stack(config):  # type: ignore[no-untyped-def]
+    """The local stack (``pipelinerl up``) in the config's home, as a run would use it, for the doctor:
+    the config tracking in its MLflow server when no store is named, and its Prefect API when
+    PREFECT_API_URL is not set (else None). Quiet: the doctor's checks say what they found."""
+    from pipelinerl.flows.stack import read_state
+    from pipelinerl.platform.config import with_overrides
+
+    state = read_state(config.run.home.expanduser())
+    if state is None or not state.ready:
+        return config, None
+    named = config.tracking.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if config.tracking.enabled and not named:
+        config = with_overrides(config, {"tracking.mlflow_uri": state.mlflow_url})
+    return config, None if os.environ.get("PREFECT_API_URL") else state.prefect_api_url
+
+
 def _track_in_stack(config):  # type: ignore[no-untyped-def]
     """With the local stack up (``pipelinerl up``) and no tracking store named, track in the stack's
     MLflow server: its experiments keep their artifacts behind the server, where a run writing to the
@@ -234,21 +250,54 @@ def doctor(
     config: ConfigOption = None,
     set_: SetOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON, for scripts.")] = False,
+    smoke: Annotated[
+        bool,
+        typer.Option(
+            "--smoke",
+            help="Also make a 3-step run of the config on this machine's devices (CPU; one GPU: colocated "
+            "vLLM actor; two or more: actor on its own GPU, NCCL) and report its figures.",
+        ),
+    ] = False,
+    record: Annotated[
+        Path | None,
+        typer.Option(
+            "--record", help="With --smoke: where its record goes (docs/benchmarks/smoke-<device>.json)."
+        ),
+    ] = None,
 ) -> None:
     """Check whether this machine can run the platform: machine, engines, collectives, services.
 
-    Each check is PASS, WARN, FAIL or SKIP with a one-line fix; the exit status is 1 when any fails."""
+    Each check is PASS, WARN, FAIL or SKIP with a one-line fix; the exit status is 1 when any fails.
+    --smoke then proves the path end to end with a short real run (the GPU path, on a GPU)."""
     import json
+    import time
 
-    from pipelinerl.doctor.report import render, run_checks
+    from pipelinerl.doctor.report import Report, render, run_checks
 
-    resolved = _load(config, set_)
+    resolved, stack_api = _local_stack(_load(config, set_))
+    origin = "the local stack, `pipelinerl up`" if stack_api else ""
     if as_json:
-        report = run_checks(resolved)
+        report = run_checks(resolved, stack_api, origin)
+    else:
+        _log_to_console()
+        with console.status("checking this machine"):
+            report = run_checks(resolved, stack_api, origin)
+    if smoke:
+        from pipelinerl.doctor.machine import torch_facts
+        from pipelinerl.doctor.smoke import run_smoke
+
+        gpu_names = [device["name"] for device in torch_facts().get("devices", [])]
+        start = time.perf_counter()
+        if as_json:
+            result = run_smoke(resolved, gpu_names, record_path=record)
+        else:
+            with console.status("smoke run: starting") as spinner:
+                on_status = _status_lines(lambda text: spinner.update(f"smoke run: {text}"))
+                result = run_smoke(resolved, gpu_names, record_path=record, on_status=on_status)
+        report = Report(report.checks + result.checks, report.elapsed_s, time.perf_counter() - start)
+    if as_json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
-        with console.status("checking this machine"):
-            report = run_checks(resolved)
         render(report, console)
     if not report.ok:
         raise typer.Exit(1)

@@ -110,6 +110,8 @@ def git_state(directory: Path | None = None) -> dict[str, Any]:
 def command_line() -> str:
     """The command as typed: ``pipelinerl bench ...`` when run through the console script."""
     program = Path(sys.argv[0]).name if sys.argv else "python"
+    if program in ("cli.py", "__main__.py"):  # python -m pipelinerl.cli: the same command
+        program = "pipelinerl"
     return shlex.join([program, *sys.argv[1:]])
 
 

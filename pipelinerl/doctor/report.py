@@ -13,18 +13,19 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pipelinerl.doctor import collectives, engines, machine, services
+from pipelinerl.doctor import collectives, config_fit, engines, machine, model_facts, services
 from pipelinerl.doctor.checks import STATUSES, Check
 from pipelinerl.platform.config import PipelineConfig
 
 STYLES = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
-SECTIONS = (machine.SECTION, engines.SECTION, collectives.SECTION, services.SECTION)
+SECTIONS = (machine.SECTION, config_fit.SECTION, engines.SECTION, collectives.SECTION, services.SECTION)
 
 
 @dataclass
 class Report:
     checks: list[Check]
-    elapsed_s: float
+    elapsed_s: float  # the checks' own time
+    smoke_s: float | None = None  # the smoke run's, when there was one
 
     @property
     def ok(self) -> bool:
@@ -38,6 +39,7 @@ class Report:
         return {
             "ok": self.ok,
             "elapsed_s": round(self.elapsed_s, 2),
+            "smoke_s": None if self.smoke_s is None else round(self.smoke_s, 1),
             "counts": self.counts(),
             "checks": [check.as_dict() for check in self.checks],
         }
@@ -56,14 +58,24 @@ def _guarded(section: str, name: str, work: Callable[[], Any]) -> Callable[[], l
     return run
 
 
-def run_checks(config: PipelineConfig) -> Report:
-    """Every check on ``config``; the ones that start processes run side by side."""
+def _settled(work: Callable[[], Any]) -> Any:
+    """What ``work`` returns or raises: a check reports the error as its own FAIL."""
+    try:
+        return work()
+    except Exception as error:
+        return error
+
+
+def run_checks(config: PipelineConfig, prefect_api: str | None = None, prefect_origin: str = "") -> Report:
+    """Every check on ``config``; the ones that start processes run side by side. ``prefect_api``: a
+    Prefect API found other than by PREFECT_API_URL (``prefect_origin`` says where: the local stack)."""
     start = time.perf_counter()
     services.preload()  # before the threads: two threads importing SQLAlchemy at once break its import
     with ThreadPoolExecutor(max_workers=8) as pool:
         torch_future = pool.submit(machine.torch_facts)
         smi_future = pool.submit(machine.nvidia_smi_facts)
         deepspeed_future = pool.submit(engines.deepspeed_facts)
+        model_future = pool.submit(_settled, lambda: model_facts.model_facts(config))
         gloo = pool.submit(_guarded(collectives.SECTION, "gloo", lambda: collectives.check_gloo(config)))
         later: list[Future[list[Check]]] = [
             pool.submit(
@@ -80,7 +92,13 @@ def run_checks(config: PipelineConfig) -> Report:
                     services.SECTION, "platform database", lambda: services.check_platform_database(config)
                 )
             ),
-            pool.submit(_guarded(services.SECTION, "Prefect API", lambda: services.check_prefect(config))),
+            pool.submit(
+                _guarded(
+                    services.SECTION,
+                    "Prefect API",
+                    lambda: services.check_prefect(config, prefect_api, prefect_origin or "PREFECT_API_URL"),
+                )
+            ),
             pool.submit(_guarded(services.SECTION, "transport ports", lambda: services.check_ports(config))),
         ]
         torch, smi = torch_future.result(), smi_future.result()
@@ -92,6 +110,12 @@ def run_checks(config: PipelineConfig) -> Report:
             machine.SECTION,
             "this machine",
             lambda: machine.machine_checks(config, torch=torch, smi=smi or False),
+        )()
+        model = model_future.result()
+        checks += _guarded(
+            config_fit.SECTION,
+            "config",
+            lambda: config_fit.config_checks(config, model, torch, smi),
         )()
         deepspeed = deepspeed_future.result()
         checks += _guarded(engines.SECTION, "DeepSpeed", lambda: engines.check_deepspeed(deepspeed))()
@@ -124,6 +148,8 @@ def render(report: Report, console: Console) -> None:
         if report.ok
         else "[bold red]fix the FAILs[/bold red]"
     )
+    smoke = "" if report.smoke_s is None else f" and a smoke run of {report.smoke_s:.0f} s"
     console.print(
-        f"{len(report.checks)} checks in {report.elapsed_s:.1f} s: {counts}; {verdict}", highlight=False
+        f"{len(report.checks)} checks in {report.elapsed_s:.1f} s{smoke}: {counts}; {verdict}",
+        highlight=False,
     )

@@ -196,12 +196,23 @@ def _prefect(api: str, path: str, body: Any = None) -> Any:
         return json.loads(response.read() or b"null")
 
 
-def check_prefect(config: PipelineConfig, api: str | None = None) -> list[Check]:
-    """The Prefect API (PREFECT_API_URL) answers; each role's deployment, its pool and online workers.
-    Missing pools fail a run placed on them (cluster.placement='pools'); otherwise they only warn."""
+def check_prefect(
+    config: PipelineConfig, api: str | None = None, origin: str = "PREFECT_API_URL"
+) -> list[Check]:
+    """The Prefect API (PREFECT_API_URL, or ``api`` found elsewhere: ``origin`` says where) answers; each
+    role's deployment, its pool and online workers. Missing pools fail a run placed on them
+    (cluster.placement='pools'); otherwise they only warn."""
     api = os.environ.get("PREFECT_API_URL") if api is None else api
     if not api:
-        return [Check(SECTION, "Prefect API", "SKIP", "PREFECT_API_URL is not set: runs use local processes")]
+        return [
+            Check(
+                SECTION,
+                "Prefect API",
+                "SKIP",
+                "PREFECT_API_URL is not set and no local stack (`pipelinerl up`) runs in run.home: runs use "
+                "local processes",
+            )
+        ]
     try:
         _prefect(api, "health")
     except (urllib.error.URLError, OSError, json.JSONDecodeError) as error:
@@ -215,7 +226,7 @@ def check_prefect(config: PipelineConfig, api: str | None = None) -> list[Check]
                 "start it (`pipelinerl up` or `prefect server start`), or unset PREFECT_API_URL",
             )
         ]
-    checks = [Check(SECTION, "Prefect API", "PASS", f"{api} answers")]
+    checks = [Check(SECTION, "Prefect API", "PASS", f"{api} answers ({origin})")]
     bad: Status = "FAIL" if config.cluster.placement == "pools" else "WARN"
     for role in ROLES:
         deployment = config.cluster.deployment(role)

@@ -129,6 +129,7 @@ from pipelinerl.workers.evaluation import EvalSchedule, eval_group_id
 from pipelinerl.workers.prompt_stream import prompt_stream
 from pipelinerl.workers.staged_weights import StagedWeights
 from pipelinerl.workers.stop_flag import StopFlag
+from pipelinerl.workers.update_phases import update_phases
 
 if TYPE_CHECKING:
     from pipelinerl.platform.curve_keys import CurveKeys
@@ -242,6 +243,7 @@ class Actor:
         self.weights_ready = threading.Condition()
         self.stop = StopFlag(self.weights_ready)
         self.pauses_s: list[float] = []
+        self.received_s = 0.0  # the staged update's receiving seconds, taken before its pause
         self.tokens_generated = 0
         self.idle_s = 0.0  # finished idle periods; one may be under way (idle_started)
         self.idle_started: float | None = None
@@ -294,6 +296,7 @@ class Actor:
     def receive_into_staging(self, weight_group: WeightGroup, notice: WeightUpdate) -> None:
         """transformers: this process receives the tensors from the weight group into ``staged``, every
         bucket checked against the trainer's digests; an update with a bucket refused stages nothing."""
+        began = time.perf_counter()
         received = weight_group.receive_update(notice.parameter_shapes, notice.parameter_dtypes)
         try:
             received.check(self.announced(notice))
@@ -301,6 +304,7 @@ class Actor:
             self.refuse(notice, refused)
             return
         with self.staged.lock:
+            self.received_s = time.perf_counter() - began
             self.staged.version = notice.policy_version
             self.staged.names = list(notice.parameter_names)
             self.staged.tensors = list(received.tensors())
@@ -314,7 +318,8 @@ class Actor:
             if self.staged.version <= self.engine.policy_version:
                 return
             pause = self.engine.update_weights(self.staged.version, self.staged.load_into)
-        self.loaded(pause)
+            received_s = self.received_s
+        self.loaded(pause, update_phases(self.engine.last_update_s, received_s, received_in_pause=False))
 
     def receive_into_engine(self, engine: WorkersEngine, notice: WeightUpdate) -> None:
         """vllm: the engine's workers take the tensors from the weight group themselves; every bucket
@@ -322,8 +327,15 @@ class Actor:
         nor loaded (``checked_receive``)."""
         update = (list(notice.parameter_names), notice.parameter_shapes, notice.parameter_dtypes)
 
+        received_s = 0.0
+
         def receive(workers: EngineWorkers) -> float:
-            return receive_checked(workers, *update, announced=lambda: self.announced(notice))
+            """Seconds from asking the workers to the update kept (the digests compared)."""
+            nonlocal received_s
+            began = time.perf_counter()
+            receive_checked(workers, *update, announced=lambda: self.announced(notice))
+            received_s = time.perf_counter() - began
+            return received_s
 
         try:
             if not loads_on_receipt(self.config.run.mode):  # staged in the workers, loaded on draining
@@ -332,6 +344,7 @@ class Actor:
                 # tensors under the older version's label and leave nothing staged for this version.
                 with self.staged.lock:
                     receive(engine.workers)
+                    self.received_s = received_s
                     self.staged.version = notice.policy_version
                     self.staged.in_engine = True
                 logger.info(
@@ -344,7 +357,8 @@ class Actor:
                         notice.policy_version, lambda workers: (receive(workers), workers.load_received())
                     )
                     self.staged.version = notice.policy_version
-                self.loaded(pause)
+                phases = update_phases(engine.last_update_s, received_s, received_in_pause=True)
+                self.loaded(pause, phases)
         except BucketsRefused as refused:
             self.refuse(notice, refused)
             return
@@ -370,9 +384,9 @@ class Actor:
         with self.weights_ready:
             self.weights_ready.notify_all()
 
-    def loaded(self, pause: float) -> None:
+    def loaded(self, pause: float, phases: dict[str, float]) -> None:
         self.pauses_s.append(pause)
-        self.report(pause)
+        self.report(pause, phases)
         logger.info(
             "weights v%d loaded in flight (pause %.1f ms, %d in flight)",
             self.engine.policy_version,
@@ -380,7 +394,7 @@ class Actor:
             self.engine.num_in_flight,
         )
 
-    def report(self, pause_s: float | None) -> None:
+    def report(self, pause_s: float | None, phases: dict[str, float] | None = None) -> None:
         """One record per loaded update: its pause, and tokens/s and idle time since the last one. A
         refused update (``pause_s`` None) gets one too, without a pause: its count is on record even
         when no update loads after it."""
@@ -393,6 +407,7 @@ class Actor:
             self._last_report = (now, tokens, idle)
             elapsed = max(now - then, 1e-9)
             pause = {} if pause_s is None else {registry.UPDATE_PAUSE_MS: 1000 * pause_s}
+            pause.update(phases or {})
             self.metrics.write(
                 {
                     registry.ACTOR_ID: self.actor_id,

@@ -16,6 +16,8 @@ import json
 import os
 import random
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
@@ -321,6 +323,29 @@ def test_a_second_up_refuses(stack):
     with pytest.raises(StackError, match="already running"):
         up(stack.home, stack.prefect_port + 1, stack.mlflow_port + 1)
     assert read_state(stack.home) == stack, "the running stack's state is untouched"
+
+
+def test_doctor_finds_the_local_stack_without_prefect_api_url(stack):
+    """A user who ran `pipelinerl up` and set nothing: the doctor checks that stack's Prefect API, its
+    pools and their workers, and its MLflow server, as a run in that home would use them."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "CUDA_VISIBLE_DEVICES")
+    }
+    argv = [sys.executable, "-m", "pipelinerl.cli", "doctor", "--json", "--set", f"run.home={stack.home}"]
+    argv += ["--set", f"transport.base_port={worker_port(23460)}"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    checks = {check["name"]: check for check in json.loads(done.stdout)["checks"]}
+    prefect_api = checks["Prefect API"]
+    assert prefect_api["status"] == "PASS", prefect_api
+    assert stack.prefect_api_url in prefect_api["detail"] and "local stack" in prefect_api["detail"]
+    for role, pool in (("trainer", "trainers"), ("actor", "actors")):
+        found = checks[f"pool of {role}s"]
+        assert found["status"] == "PASS" and found["data"]["pool"] == pool, found
+        assert found["data"]["online"], found
+    tracking = checks["tracking store (MLflow)"]
+    assert tracking["status"] == "PASS" and stack.mlflow_url in tracking["detail"], tracking
 
 
 def test_a_taken_port_fails_at_once_naming_it(tmp_path):

@@ -122,4 +122,13 @@ def test_a_vllm_run_updates_in_flight_and_learns(tmp_path, warm_model_dir):
     actor_records = [json.loads(line) for line in (result.run_dir / "actor0.jsonl").read_text().splitlines()]
     pauses = [record["weights/update_pause_ms"] for record in actor_records]
     assert pauses and max(pauses) < 10_000
+    for record in actor_records:  # the pause by phase: the receiving happens inside it and is split out
+        phases = {
+            key.rsplit("/", 1)[1]: value
+            for key, value in record.items()
+            if key.startswith("weights/update_phase_ms/")
+        }
+        assert set(phases) == {"pause", "receive", "load", "label_resume"}, record
+        assert sum(phases.values()) == pytest.approx(record["weights/update_pause_ms"], rel=1e-6)
+        assert 0 < phases["receive"] <= record["weights/receive_ms"] + 1e-9
     assert summary["eval_success_end"] > summary["eval_success_start"], summary

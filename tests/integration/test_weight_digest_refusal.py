@@ -129,6 +129,7 @@ class StubEngine:
         self.model = Model()
         self.policy_version = 0
         self.num_in_flight = 0
+        self.last_update_s: dict[str, float] = {}
 
     def update_weights(self, new_version: int, load: Any) -> float:
         with torch.no_grad():
@@ -150,6 +151,7 @@ def bare_actor(run_dir: Path, notices: Receiver) -> Actor:
     actor.next_notice = None
     actor.metrics = JsonlWriter(run_dir / "actor0.jsonl")
     actor.pauses_s, actor.tokens_generated, actor.idle_s, actor.idle_started = [], 0, 0.0, None
+    actor.received_s = 0.0
     actor._last_report = (time.monotonic(), 0, 0.0)
     actor._report_lock = threading.Lock()
     actor.buckets_refused, actor.refused_version = 0, -1

@@ -65,6 +65,7 @@ PLACEHOLDERS: dict[str, tuple[str, str]] = {
     "actor": (r"[0-9]+", "1"),  # an actor's id
     "side": (r"predicted|measured", "predicted"),  # a plan's figure as the simulator or the run gave it
     "figure": (r"[a-z_]+", "samples_per_s"),  # a figure the simulator predicts (plan/measured.py)
+    "phase": (r"pause|receive|load|label_resume", "load"),  # an update pause's phase (update_phases.py)
 }
 
 
@@ -139,6 +140,7 @@ TRAINER_TOKENS_PER_S, TRAINER_IDLE_FRACTION = "throughput/trainer_tokens_per_s",
 # Each actor, one record per loaded weight update (actor<k>.jsonl).
 ACTOR_TOKENS_PER_S, ACTOR_IDLE_FRACTION = "throughput/actor_tokens_per_s", "actor/idle_fraction"
 UPDATE_PAUSE_MS, ACTOR_IN_FLIGHT = "weights/update_pause_ms", "actor/in_flight"
+UPDATE_PHASE_MS, WEIGHTS_RECEIVE_MS = "weights/update_phase_ms/{phase}", "weights/receive_ms"
 ACTOR_TOKENS_GENERATED = "actor/tokens_generated"
 ACTOR_MALFORMED, ACTOR_NOTICES_LOST = "actor/malformed", "actor/notices_lost"
 ACTOR_WEIGHT_BUCKETS_REFUSED = "actor/weight_buckets_refused"
@@ -269,6 +271,11 @@ _STAGE_METRICS: tuple[Metric, ...] = (
            "with nothing to generate", records=_ACTOR, mlflow=True, actors="mean"),
     Metric(UPDATE_PAUSE_MS, "actor", "ms", "generation paused to load the update (the database keeps "
            "actor 0's)", records=_ACTOR, mlflow=True, actors="mean", stored="policy_versions.pause_ms"),
+    Metric(UPDATE_PHASE_MS, "actor", "ms", "a phase of the update pause (pause: until the engine stopped; "
+           "receive, when the tensors arrive inside the pause; load; label_resume): they add up to the "
+           "pause (workers/update_phases.py)", records=_ACTOR, actors="mean"),
+    Metric(WEIGHTS_RECEIVE_MS, "actor", "ms", "the update's tensors arriving and checked against the "
+           "trainer's digests, inside the pause or before it", records=_ACTOR, mlflow=True, actors="mean"),
     Metric(ACTOR_IN_FLIGHT, "actor", "sequences", "sequences in the engine at the update",
            records=_ACTOR, actors="sum"),
     Metric(ACTOR_TOKENS_GENERATED, "actor", "tokens", "tokens generated so far", records=_ACTOR,

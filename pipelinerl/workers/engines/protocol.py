@@ -89,6 +89,9 @@ class Engine(Protocol[HolderT_co]):
     weights (``load``'s argument): ``torch.nn.Module`` for transformers, ``EngineWorkers`` for vLLM."""
 
     policy_version: int
+    # The phases of the last ``update_weights``, seconds: ``pause`` (asking for the pause until the
+    # engine stopped between two steps), ``load``, ``label_resume`` (stamping the versions, resuming).
+    last_update_s: dict[str, float]
 
     def submit(self, request_id: str, prompt_token_ids: Sequence[int], greedy: bool = False) -> None: ...
 

@@ -83,6 +83,7 @@ class TransformersEngine:
         self.max_in_flight = max_in_flight
         self.max_new_tokens = max_new_tokens
         self.policy_version = policy_version
+        self.last_update_s: dict[str, float] = {}  # phases of the last update_weights, seconds
         blocks_per_sequence = math.ceil((max_prompt_tokens + max_new_tokens) / kv_block_size)
         # Room for H full sequences so no request is ever soft-reset (its prefix recomputed under
         # newer weights) or, worse, larger than the whole cache (which kills the manager).
@@ -183,15 +184,23 @@ class TransformersEngine:
         """Between two decode steps: ``load(model)`` in place, then stamp every in-flight request."""
         started = time.perf_counter()
         with self._manager.pause(), self._lock:
+            paused = time.perf_counter()
             counts = self._tokens_so_far()
             with torch.no_grad():
                 load(self.model)
+            loaded = time.perf_counter()
             for request_id, (_, switches) in self._outstanding.items():
                 count = counts.get(request_id, 0)
                 if count is not None:
                     switches.switches.append((count, new_version))
             self.policy_version = new_version
-        return time.perf_counter() - started
+        ended = time.perf_counter()
+        self.last_update_s = {
+            "pause": paused - started,
+            "load": loaded - paused,
+            "label_resume": ended - loaded,
+        }
+        return ended - started
 
     def tokens_in_flight(self) -> dict[str, int]:
         """Tokens each request still being written has generated so far; call it from the ``load`` of

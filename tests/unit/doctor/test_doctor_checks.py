@@ -321,7 +321,7 @@ def test_the_table_fits_80_columns_without_dropping_a_column() -> None:
 
 
 def test_the_command_exits_non_zero_on_a_fail_and_prints_json(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(report, "run_checks", lambda config: sample_report())
+    monkeypatch.setattr(report, "run_checks", lambda config, *stack: sample_report())
     result = CliRunner().invoke(app, ["doctor", "--json", "--set", "transport.base_port=21100"])
     assert result.exit_code == 1, result.output
     answer = json.loads(result.output)
