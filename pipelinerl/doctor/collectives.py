@@ -1,5 +1,6 @@
-"""Collectives: a real gloo all-reduce and broadcast between two CPU processes, and NCCL between the
-visible GPUs, each with its measured bandwidth."""
+"""Collectives: a real gloo all-reduce and broadcast between two CPU processes, and NCCL between every
+pair of visible GPUs, each with its measured bandwidth. The pairs run in rounds of disjoint pairs (a
+round-robin tournament: n - 1 rounds for n GPUs), a round's pairs at once."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from pipelinerl.doctor.checks import Check
@@ -31,9 +33,15 @@ def free_port(host: str) -> int:
 
 
 def run_group(
-    backend: str, host: str, world_size: int, port: int | None = None, timeout_s: float = TIMEOUT_S
+    backend: str,
+    host: str,
+    world_size: int,
+    port: int | None = None,
+    timeout_s: float = TIMEOUT_S,
+    visible: str | None = None,
 ) -> dict[str, Any]:
-    """Start ``world_size`` ranks of the collective worker; rank 0's answer, or ``error``."""
+    """Start ``world_size`` ranks of the collective worker (seeing the GPUs ``visible`` names, as
+    ``CUDA_VISIBLE_DEVICES``, when given); rank 0's answer, or ``error``."""
     port = free_port(host) if port is None else port
     # Files, not pipes: a rank that writes much while the others are waited for never blocks on them.
     with contextlib.ExitStack() as stack:
@@ -44,7 +52,7 @@ def run_group(
             )
             for _ in range(world_size)
         ]
-        outputs, timed_out = _run_ranks(backend, host, port, world_size, timeout_s, files)
+        outputs, timed_out = _run_ranks(backend, host, port, world_size, timeout_s, files, visible)
     if timed_out:
         return {"error": f"no answer within {timeout_s:.0f} s (port {port})", "port": port}
     # The rank that failed by itself names the cause; the ones stopped here (killed) do not.
@@ -65,9 +73,12 @@ def _run_ranks(
     world_size: int,
     timeout_s: float,
     files: Sequence[tuple[IO[str], IO[str]]],
+    visible: str | None = None,
 ) -> tuple[list[tuple[int, str, str]], bool]:
     """Each rank's exit status, stdout and stderr, and whether they ran out of time."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     ranks = [
         subprocess.Popen(
             [
@@ -127,18 +138,71 @@ def check_gloo(config: PipelineConfig, port: int | None = None) -> Check:
     )
 
 
+def pair_rounds(count: int) -> list[list[tuple[int, int]]]:
+    """Every pair of ``count`` devices exactly once, in rounds of disjoint pairs (the circle method)."""
+    seats: list[int | None] = [*range(count), *([None] if count % 2 else [])]
+    rounds = []
+    for _ in range(len(seats) - 1):
+        half = len(seats) // 2
+        pairs = [(seats[i], seats[-1 - i]) for i in range(half)]
+        rounds.append(sorted((min(a, b), max(a, b)) for a, b in pairs if a is not None and b is not None))
+        seats = [seats[0], seats[-1], *seats[1:-1]]
+    return rounds
+
+
+def visible_ids(count: int, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The ids of the ``count`` GPUs torch sees, as ``CUDA_VISIBLE_DEVICES`` names them to a child."""
+    environ = os.environ if environ is None else environ
+    listed = [part.strip() for part in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
+    return listed[:count] if len(listed) >= count else [str(index) for index in range(count)]
+
+
+def pair_verdict(answers: Mapping[tuple[int, int], dict[str, Any]], fix: str) -> Check:
+    """Every pair's answer as one line: the slowest pair's bandwidth, or the pairs that failed."""
+    name = f"NCCL, {len(answers)} GPU pair(s)"
+    failed = {pair: answer for pair, answer in answers.items() if "error" in answer or not answer.get("ok")}
+    data = {f"{a}-{b}": answer for (a, b), answer in answers.items()}
+    if failed:
+        shown = "; ".join(
+            f"GPUs {a}-{b}: {answer.get('error', 'wrong values after the collective')}"
+            for (a, b), answer in sorted(failed.items())[:3]
+        )
+        return Check(
+            SECTION, name, "FAIL", f"{len(failed)} of {len(answers)} pairs failed: {shown}", fix, data
+        )
+    slowest = min(answers, key=lambda pair: answers[pair]["broadcast_mb_s"])
+    fastest = max(answers, key=lambda pair: answers[pair]["broadcast_mb_s"])
+    detail = (
+        f"{answers[slowest]['megabytes']} MB broadcasts: slowest GPUs {slowest[0]}-{slowest[1]} "
+        f"{answers[slowest]['broadcast_mb_s']:.0f} MB/s, fastest {fastest[0]}-{fastest[1]} "
+        f"{answers[fastest]['broadcast_mb_s']:.0f} MB/s"
+    )
+    return Check(SECTION, name, "PASS", detail, data=data)
+
+
 def check_nccl(config: PipelineConfig, gpus: int) -> Check:
-    """NCCL between the visible GPUs (two at most); skipped with a note where there are none."""
+    """NCCL between every pair of the visible GPUs (one GPU: that NCCL starts); skipped with a note
+    where there are none."""
+    fix = "rerun with NCCL_DEBUG=INFO; check NCCL_SOCKET_IFNAME, NCCL_P2P_DISABLE"
     if gpus == 0:
         return Check(SECTION, "NCCL", "SKIP", "no GPU visible to torch: runs use gloo")
-    world = min(2, gpus)
-    answer = run_group("nccl", config.transport.host, world)
-    check = _verdict(
-        f"NCCL, {world} GPU(s)",
-        "nccl",
-        answer,
-        "rerun with NCCL_DEBUG=INFO; check NCCL_SOCKET_IFNAME, NCCL_P2P_DISABLE",
-    )
-    if world == 1 and check.status == "PASS":
-        check.detail += " (one GPU: NCCL starts; no peer to measure)"
-    return check
+    ids = visible_ids(gpus)
+    if gpus == 1:
+        check = _verdict(
+            "NCCL, 1 GPU", "nccl", run_group("nccl", config.transport.host, 1, visible=ids[0]), fix
+        )
+        if check.status == "PASS":
+            check.detail += " (one GPU: NCCL starts; no peer to measure)"
+        return check
+    answers: dict[tuple[int, int], dict[str, Any]] = {}
+
+    def measure(pair: tuple[int, int]) -> None:
+        answers[pair] = run_group("nccl", config.transport.host, 2, visible=f"{ids[pair[0]]},{ids[pair[1]]}")
+
+    for pairs in pair_rounds(gpus):
+        threads = [threading.Thread(target=measure, args=(pair,)) for pair in pairs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return pair_verdict(answers, fix)

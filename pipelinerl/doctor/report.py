@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pipelinerl.doctor import collectives, config_fit, engines, machine, model_facts, services
+from pipelinerl.doctor import collectives, config_fit, engines, machine, model_facts, services, weight_paths
 from pipelinerl.doctor.checks import STATUSES, Check
 from pipelinerl.platform.config import PipelineConfig
 
@@ -106,6 +107,9 @@ def run_checks(config: PipelineConfig, prefect_api: str | None = None, prefect_o
         nccl = pool.submit(
             _guarded(collectives.SECTION, "NCCL", lambda: collectives.check_nccl(config, gpus))
         )
+        ipc = pool.submit(
+            _guarded(collectives.SECTION, "CUDA IPC", lambda: weight_paths.check_cuda_ipc(config, gpus))
+        )
         checks = _guarded(
             machine.SECTION,
             "this machine",
@@ -119,7 +123,13 @@ def run_checks(config: PipelineConfig, prefect_api: str | None = None, prefect_o
         )()
         deepspeed = deepspeed_future.result()
         checks += _guarded(engines.SECTION, "DeepSpeed", lambda: engines.check_deepspeed(deepspeed))()
-        for future in [*later, gloo, nccl]:
+        seen = config_fit.visible(torch, smi, os.environ)  # the GPUs as the launcher would hand them out
+        checks += _guarded(
+            collectives.SECTION,
+            "weight updates",
+            lambda: weight_paths.check_weight_backend(config, seen.ids, seen.torch_cuda),
+        )()
+        for future in [*later, gloo, nccl, ipc]:
             checks += future.result()
     order = {section: index for index, section in enumerate(SECTIONS)}
     checks.sort(key=lambda check: order.get(check.section, len(order)))  # stable: keeps each section's order

@@ -80,6 +80,7 @@ def test_doctor_and_its_smoke_run_pass_on_this_machine(
     assert statuses["vLLM environment"] in (("PASS", "WARN") if vllm_python().is_file() else ("SKIP",))
     for name in ("model", "GPUs per role", "memory per role", "memory fit"):  # the config on this machine
         assert statuses[name] == "PASS", (name, checks[name])
+    assert checks["weight updates"]["data"]["backend"] == "gloo"  # the default: a transformers actor
     assert "embedded" not in checks["model"]["detail"] and "CPU only" in checks["GPUs per role"]["detail"]
 
     # --smoke: three steps trained, every update loaded in flight with its phases, the record written
