@@ -1,4 +1,5 @@
-"""Policy-gradient losses for PipelineRL: REINFORCE with truncated importance sampling, and PPO-clip.
+"""Policy-gradient losses for PipelineRL: REINFORCE with truncated importance sampling, and PPO-clip
+(with DAPO's decoupled clip-higher); the helpers the other recipes' losses share (``gspo.py``, ``cispo.py``).
 
 Role: turn the trainer's current token log-probabilities, the actor's recorded (behaviour) log-probabilities
 and per-token advantages into one differentiable scalar plus the diagnostics the trainer logs.
@@ -14,8 +15,9 @@ Invariants:
   A·w·log pi vanish, so they add nothing to the loss or its gradient, while their tokens still count in the
   ESS and lag diagnostics), ``penalise`` gives them a fixed negative reward before advantages are computed.
 * The loss is a *sum* over tokens divided by ``num_sequences``, the optimizer step's total sequence count,
-  not the micro-batch's. Micro-batch losses therefore add up to the step loss and gradient accumulation needs
-  no rescaling.
+  not the micro-batch's (or, under another ``normalisation.py`` choice, the step's token count or a constant:
+  the argument keeps its name and takes any such denominator >= 1). Micro-batch losses therefore add up to the
+  step loss and gradient accumulation needs no rescaling.
 * ``ratio`` and ``importance_weights`` are detached diagnostics; ``ratio`` is the raw policy ratio
   pi/mu and ``importance_weights`` is what multiplied the advantage in the loss.
 
@@ -25,9 +27,21 @@ Reference: Piché et al. 2025, "PipelineRL", arXiv 2509.19128, §"Numbers to imp
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+__all__ = [
+    "PolicyLossOutput",
+    "masked_fraction",
+    "masked_log_ratio",
+    "ppo_clip_loss",
+    "truncated_is_loss",
+    "validate_clip",
+    "validate_denominator",
+    "validate_policy_inputs",
+]
 
 
 @dataclass(frozen=True)
@@ -41,21 +55,28 @@ class PolicyLossOutput:
             truncated IS, the raw ratio for PPO), 0 where the mask is False.
         clipped_fraction: share of masked-in tokens whose weight was truncated (IS) or clipped (PPO);
             0.0 when no token is masked in.
+        clipped_low_fraction: share of masked-in tokens whose clipping was at the lower bound ``1 - clip_low``
+            (always 0 for truncated IS, which has none).
+        clipped_high_fraction: share of masked-in tokens whose clipping was at the upper bound (``1 +
+            clip_high``, or the cap ``c`` of truncated IS). The two are disjoint and add up to
+            ``clipped_fraction``.
     """
 
     loss: torch.Tensor
     ratio: torch.Tensor
     importance_weights: torch.Tensor
     clipped_fraction: float
+    clipped_low_fraction: float = 0.0
+    clipped_high_fraction: float = 0.0
 
 
-def _validate(
+def validate_policy_inputs(
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     token_mask: torch.Tensor,
-    num_sequences: int,
 ) -> None:
+    """Refuse per-token inputs shaped unlike ``logprobs``, a non-bool mask or integer logprobs."""
     for name, tensor in (
         ("behaviour_logprobs", behaviour_logprobs),
         ("advantages", advantages),
@@ -70,13 +91,42 @@ def _validate(
         raise ValueError(f"token_mask must be a bool tensor, got dtype {token_mask.dtype}")
     if not logprobs.is_floating_point():
         raise ValueError(f"logprobs must be a floating-point tensor, got dtype {logprobs.dtype}")
-    if num_sequences < 1:
+
+
+def validate_denominator(denominator: float, name: str = "denominator") -> None:
+    """Refuse a loss denominator that is not a finite number > 0 (it divides the step's summed loss)."""
+    if not (denominator > 0 and math.isfinite(denominator)):
         raise ValueError(
-            f"num_sequences must be >= 1 (the optimizer step's sequence count), got {num_sequences}"
+            f"{name} must be a finite number > 0 (the step's sequence count, token count or constant, "
+            f"see normalisation.loss_denominator), got {denominator}"
         )
 
 
-def _masked_log_ratio(
+def validate_clip(name: str, value: float, *, allow_zero: bool = False) -> None:
+    """Refuse a clip half-width that is not a finite number > 0 (>= 0 with ``allow_zero``)."""
+    if allow_zero:
+        if not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    elif not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")
+
+
+def _validate(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    token_mask: torch.Tensor,
+    num_sequences: float,
+) -> None:
+    validate_policy_inputs(logprobs, behaviour_logprobs, advantages, token_mask)
+    if not (num_sequences >= 1 and math.isfinite(num_sequences)):
+        raise ValueError(
+            f"num_sequences must be >= 1 and finite (the optimizer step's sequence count, or the loss "
+            f"denominator normalisation.loss_denominator gives), got {num_sequences}"
+        )
+
+
+def masked_log_ratio(
     logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, token_mask: torch.Tensor
 ) -> torch.Tensor:
     """``logprobs - behaviour_logprobs`` with masked-out positions set to 0 *before* ``exp``.
@@ -89,11 +139,17 @@ def _masked_log_ratio(
     return torch.where(token_mask, log_ratio, torch.zeros_like(log_ratio))
 
 
-def _fraction(flags: torch.Tensor, token_mask: torch.Tensor) -> float:
+def masked_fraction(flags: torch.Tensor, token_mask: torch.Tensor) -> float:
+    """Share of masked-in positions where ``flags`` is True; 0.0 when none is masked in."""
     num_tokens = int(token_mask.sum().item())
     if num_tokens == 0:
         return 0.0
     return float((flags & token_mask).sum().item()) / num_tokens
+
+
+# The names the module used before the other recipes shared them.
+_masked_log_ratio = masked_log_ratio
+_fraction = masked_fraction
 
 
 def truncated_is_loss(
@@ -101,7 +157,7 @@ def truncated_is_loss(
     behaviour_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     token_mask: torch.Tensor,
-    num_sequences: int,
+    num_sequences: float,
     is_cap: float = 5.0,
 ) -> PolicyLossOutput:
     """REINFORCE with truncated importance sampling, PipelineRL's default policy loss.
@@ -115,11 +171,13 @@ def truncated_is_loss(
         behaviour_logprobs: ``[*]`` log mu(y_t) the actor recorded when it sampled y_t (treated as constant).
         advantages: ``[*]`` per-token advantage (the sequence's advantage broadcast over its tokens).
         token_mask: ``[*]`` bool, True for tokens that are trained on.
-        num_sequences: the optimizer step's total number of sequences (>= 1).
+        num_sequences: the optimizer step's total number of sequences (>= 1), or the loss denominator
+            ``normalisation.loss_denominator`` gives for another normalisation.
         is_cap: truncation level c > 0 of the importance weight; the paper's default is 5.
 
     Returns:
-        :class:`PolicyLossOutput`; ``clipped_fraction`` is the share of masked-in tokens with ``r_t > c``.
+        :class:`PolicyLossOutput`; ``clipped_fraction`` (= ``clipped_high_fraction``) is the share of
+        masked-in tokens with ``r_t > c``; ``clipped_low_fraction`` is 0 (no lower bound).
 
     Reference: Piché et al. 2025, arXiv 2509.19128, §"Numbers to implement" (importance weight and loss).
     """
@@ -127,7 +185,7 @@ def truncated_is_loss(
     if not is_cap > 0:
         raise ValueError(f"is_cap must be > 0, got {is_cap}")
 
-    log_ratio = _masked_log_ratio(logprobs, behaviour_logprobs, token_mask).detach()
+    log_ratio = masked_log_ratio(logprobs, behaviour_logprobs, token_mask).detach()
     ratio = torch.where(token_mask, torch.exp(log_ratio), torch.zeros_like(log_ratio))
     importance_weights = torch.clamp(ratio, max=is_cap)
     masked_advantages = torch.where(token_mask, advantages.to(ratio.dtype), torch.zeros_like(ratio))
@@ -135,11 +193,14 @@ def truncated_is_loss(
     per_token = masked_advantages * importance_weights * logprobs.to(ratio.dtype)
     per_token = torch.where(token_mask, per_token, torch.zeros_like(per_token))
     loss = -per_token.sum() / num_sequences
+    truncated = masked_fraction(ratio > is_cap, token_mask)
     return PolicyLossOutput(
         loss=loss,
         ratio=ratio,
         importance_weights=importance_weights,
-        clipped_fraction=_fraction(ratio > is_cap, token_mask),
+        clipped_fraction=truncated,
+        clipped_low_fraction=0.0,
+        clipped_high_fraction=truncated,
     )
 
 
@@ -148,48 +209,70 @@ def ppo_clip_loss(
     behaviour_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     token_mask: torch.Tensor,
-    num_sequences: int,
+    num_sequences: float,
     clip_epsilon: float = 0.2,
+    clip_low: float | None = None,
+    clip_high: float | None = None,
 ) -> PolicyLossOutput:
-    """PPO clipped surrogate, the option the paper lists beside truncated IS.
+    """PPO clipped surrogate, the option the paper lists beside truncated IS, with DAPO's clip-higher.
 
-    ``L = -(1/num_sequences) * sum_t mask_t * min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t)`` where the ratio
-    ``r_t = exp(logprobs_t - behaviour_logprobs_t)`` is differentiable.
+    ``L = -(1/num_sequences) * sum_t mask_t * min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t)`` where
+    the ratio ``r_t = exp(logprobs_t - behaviour_logprobs_t)`` is differentiable, so
+    ``dL/dlogprobs_t = -mask_t * r_t * A_t / num_sequences`` where the unclipped term is the minimum, 0 where
+    the clipped one is strictly smaller (``r_t > 1 + eps_high`` with ``A_t > 0``, or ``r_t < 1 - eps_low``
+    with ``A_t < 0``).
+
+    ``eps_low`` and ``eps_high`` are ``clip_low`` and ``clip_high``, each ``clip_epsilon`` when not given
+    (symmetric PPO, the behaviour before clip-higher). DAPO decouples them and raises the upper one
+    (``eps_low = 0.2``, ``eps_high = 0.28``) so that low-probability tokens can grow, against entropy
+    collapse.
 
     Args:
         logprobs: ``[*]`` log pi(y_t) under the trainer's current weights, requires grad.
         behaviour_logprobs: ``[*]`` log mu(y_t) recorded by the actor (treated as constant).
         advantages: ``[*]`` per-token advantage.
         token_mask: ``[*]`` bool, True for tokens that are trained on.
-        num_sequences: the optimizer step's total number of sequences (>= 1).
-        clip_epsilon: eps > 0 of the clip range ``[1 - eps, 1 + eps]``.
+        num_sequences: the optimizer step's total number of sequences (>= 1), or the loss denominator
+            ``normalisation.loss_denominator`` gives for another normalisation.
+        clip_epsilon: eps > 0 of the symmetric clip range ``[1 - eps, 1 + eps]``.
+        clip_low: eps_low > 0 of the lower bound ``1 - eps_low``; ``None`` takes ``clip_epsilon``.
+        clip_high: eps_high > 0 of the upper bound ``1 + eps_high``; ``None`` takes ``clip_epsilon``.
 
     Returns:
         :class:`PolicyLossOutput` with ``importance_weights`` equal to the raw ratio; ``clipped_fraction`` is
         the share of masked-in tokens where the clipped term is strictly smaller than the unclipped one, i.e.
-        where clipping zeroes the token's gradient.
+        where clipping zeroes the token's gradient; ``clipped_low_fraction`` / ``clipped_high_fraction`` split
+        it by the bound that did so.
 
     Reference: Piché et al. 2025, arXiv 2509.19128, §"Numbers to implement" (PPO clip option);
-    Schulman et al. 2017, arXiv 1707.06347, eq. 7.
+    Schulman et al. 2017, arXiv 1707.06347, eq. 7; Yu et al. 2025 (DAPO), arXiv 2503.14476, eq. 10
+    (clip-higher).
     """
     _validate(logprobs, behaviour_logprobs, advantages, token_mask, num_sequences)
     if not clip_epsilon > 0:
         raise ValueError(f"clip_epsilon must be > 0, got {clip_epsilon}")
+    eps_low = clip_epsilon if clip_low is None else clip_low
+    eps_high = clip_epsilon if clip_high is None else clip_high
+    validate_clip("clip_low", eps_low)
+    validate_clip("clip_high", eps_high)
 
-    log_ratio = _masked_log_ratio(logprobs, behaviour_logprobs, token_mask)
+    log_ratio = masked_log_ratio(logprobs, behaviour_logprobs, token_mask)
     differentiable_ratio = torch.exp(log_ratio)
     masked_advantages = torch.where(token_mask, advantages.to(log_ratio.dtype), torch.zeros_like(log_ratio))
 
     unclipped = differentiable_ratio * masked_advantages
-    clipped = torch.clamp(differentiable_ratio, 1.0 - clip_epsilon, 1.0 + clip_epsilon) * masked_advantages
+    clipped = torch.clamp(differentiable_ratio, 1.0 - eps_low, 1.0 + eps_high) * masked_advantages
     per_token = torch.minimum(unclipped, clipped)
     per_token = torch.where(token_mask, per_token, torch.zeros_like(per_token))
     loss = -per_token.sum() / num_sequences
 
     ratio = torch.where(token_mask, differentiable_ratio.detach(), torch.zeros_like(log_ratio))
+    active = clipped.detach() < unclipped.detach()
     return PolicyLossOutput(
         loss=loss,
         ratio=ratio,
         importance_weights=ratio,
-        clipped_fraction=_fraction(clipped.detach() < unclipped.detach(), token_mask),
+        clipped_fraction=masked_fraction(active, token_mask),
+        clipped_low_fraction=masked_fraction(active & (ratio < 1.0 - eps_low), token_mask),
+        clipped_high_fraction=masked_fraction(active & (ratio > 1.0 + eps_high), token_mask),
     )
