@@ -128,7 +128,12 @@ def role_needs(config: PipelineConfig, shape: need.ModelShape, gpus: Gpus, where
     trainer, actor = config.trainer, config.actor
     trainer_dtype = policy_dtype_name(config.model.dtype, cuda=where.trainer_on_cuda)
     rank = need.trainer_rank_need(
-        shape.params, trainer_dtype, trainer.num_processes, trainer.zero_stage, trainer.offload_optimizer
+        shape.params,
+        trainer_dtype,
+        trainer.num_processes,
+        trainer.zero_stage,
+        trainer.offload_optimizer,
+        reference_model=config.rl.kl.coef > 0,
     )
     vllm = actor.engine == "vllm"
     # The transformers engine keeps its weights in host memory, at the dtype its process resolves.
@@ -182,7 +187,9 @@ def check_role_memory(config: PipelineConfig, needs: Needs, where: Layout) -> Ch
     trainer_text = (
         f"trainer rank ({on}, {rank.dtype}, ZeRO-{config.trainer.zero_stage} over "
         f"{config.trainer.num_processes}): {need.size(rank.device)} = weights {need.size(rank.weights)} + "
-        f"grads {need.size(rank.grads)} + Adam {need.size(0.0 if rank.offloaded else rank.optimizer)}{host}"
+        f"grads {need.size(rank.grads)} + Adam {need.size(0.0 if rank.offloaded else rank.optimizer)}"
+        + (f" + KL reference {need.size(rank.reference)}" if rank.reference else "")
+        + host
     )
     engine = config.actor.engine
     place = "GPU" if where.actors_on_gpu else "CPU"

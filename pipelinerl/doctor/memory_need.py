@@ -59,11 +59,12 @@ class TrainerRankNeed:
     grads: float
     optimizer: float  # Adam moments, plus fp32 master weights when the weights are in 16 bits
     offloaded: bool  # the optimizer state lives in host memory (trainer.offload_optimizer)
+    reference: float = 0.0  # the KL term's frozen reference (rl.kl.coef > 0): a whole copy, never sharded
 
     @property
     def device(self) -> float:
         """On the rank's device (its GPU, or host memory on CPU)."""
-        return self.weights + self.grads + (0.0 if self.offloaded else self.optimizer)
+        return self.weights + self.grads + (0.0 if self.offloaded else self.optimizer) + self.reference
 
     @property
     def host(self) -> float:
@@ -76,10 +77,16 @@ class TrainerRankNeed:
 
 
 def trainer_rank_need(
-    params: int, dtype: str, ranks: int, zero_stage: int, offload_optimizer: bool
+    params: int,
+    dtype: str,
+    ranks: int,
+    zero_stage: int,
+    offload_optimizer: bool,
+    reference_model: bool = False,
 ) -> TrainerRankNeed:
     """Weights and grads at ``dtype``, Adam's fp32 moments (and fp32 master weights under 16-bit weights);
-    ZeRO stage 1 shards the optimizer state over ``ranks``, 2 the grads too, 3 the weights too."""
+    ZeRO stage 1 shards the optimizer state over ``ranks``, 2 the grads too, 3 the weights too. With
+    ``reference_model`` (a KL term) every rank also holds a whole frozen copy of the weights at ``dtype``."""
     width = DTYPE_BYTES[dtype]
     optimizer = float(params * FP32_BYTES * (ADAM_MOMENTS + (1 if width < FP32_BYTES else 0)))
     weights, grads = float(params * width), float(params * width)
@@ -89,7 +96,8 @@ def trainer_rank_need(
         grads /= ranks
     if zero_stage >= 3:
         weights /= ranks
-    return TrainerRankNeed(dtype, weights, grads, float(optimizer), offload_optimizer)
+    reference = float(params * width) if reference_model else 0.0
+    return TrainerRankNeed(dtype, weights, grads, float(optimizer), offload_optimizer, reference)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ from pipelinerl.platform.wire import (
     impossible_values,
 )
 from pipelinerl.rl.advantages import leave_one_out_advantages
+from pipelinerl.rl.overlong import overlong_penalty
 from pipelinerl.rl.packing import pack_micro_batches
 from pipelinerl.tasks import build_task
 from pipelinerl.tasks.base import LABELS, Problem, Score, Task, safe_score
@@ -74,17 +75,28 @@ class RewardPolicy:
     * a completion cut at ``actor.max_new_tokens`` (not finished) under ``truncated``:
       ``"train"``: trained like any other; ``"mask"``: keeps its reward in its group's baseline but
       gets advantage 0, so it adds nothing to the loss or its gradient; ``"penalise"``: its reward
-      is ``-truncated_penalty`` whatever its answer.
+      is ``-truncated_penalty`` whatever its answer;
+    * with ``overlong_buffer`` (``rl.overlong``): DAPO's soft overlong punishment,
+      ``overlong_penalty(length, max_length, overlong_buffer)`` in [-1, 0], is added to the reward of
+      every completion, before advantages are computed (0 up to ``max_length - overlong_buffer``
+      tokens, then down linearly to -1 at ``max_length``).
     """
 
     truncated: Literal["train", "mask", "penalise"] = "train"
     truncated_penalty: float = 1.0
     format_reward: float = 0.0
+    overlong_buffer: int | None = None  # rl.overlong.buffer when rl.overlong.enabled, else None: off
+    max_length: int = 0  # actor.max_new_tokens: the overlong penalty reaches -1 there
 
-    def reward(self, score: Score, finished: bool) -> float:
+    def reward(self, score: Score, finished: bool, length: int = 0) -> float:
+        """The reward of a completion of ``length`` tokens (the length counts only for the overlong
+        penalty)."""
         if not finished and self.truncated == "penalise":
             return -self.truncated_penalty
-        return score.reward + (self.format_reward if score.label in ("correct", "wrong") else 0.0)
+        reward = score.reward + (self.format_reward if score.label in ("correct", "wrong") else 0.0)
+        if self.overlong_buffer is not None:
+            reward += overlong_penalty(length, self.max_length, self.overlong_buffer)
+        return reward
 
     def advantage(self, advantage: float, finished: bool) -> float:
         return 0.0 if not finished and self.truncated == "mask" else advantage
@@ -218,7 +230,10 @@ class BatchBuilder:
     def score_group(self, group: list[Rollout]) -> list[TrainSequence]:
         scores = [safe_score(self.task, self.problems[r.problem_id], r.completion_text) for r in group]
         self.labels.update(score.label for score in scores)
-        rewards = [self.rewards.reward(score, r.finished) for score, r in zip(scores, group, strict=True)]
+        rewards = [
+            self.rewards.reward(score, r.finished, len(r.completion_token_ids))
+            for score, r in zip(scores, group, strict=True)
+        ]
         if self.drop_zero_variance_groups and len(set(rewards)) == 1:
             self.dropped["zero_variance"] += len(group)  # equal rewards: zero advantages, no signal
             return []
@@ -403,6 +418,8 @@ def build_batch_builder(
             truncated=config.rl.truncated,
             truncated_penalty=config.rl.truncated_penalty,
             format_reward=config.rl.format_reward,
+            overlong_buffer=config.rl.overlong.buffer if config.rl.overlong.enabled else None,
+            max_length=config.actor.max_new_tokens,
         ),
         drop_zero_variance_groups=config.rl.drop_zero_variance_groups,
         max_lag=config.rl.max_lag,

@@ -5,8 +5,13 @@ Loop (paper §3): take the next batch of B sequences from the preprocessor, comp
 weights (``weight_publisher``: a notice, the tensors over the weight group, their digests).
 In ``conventional`` mode weights are published only every G steps (after a whole round).
 
-Every step appends one JSON record to ``metrics.jsonl`` (loss, reward, ESS, lag statistics, the
-behaviour mismatch of its lag-0 tokens, tokens, samples, step and wait time) and its per-token data
+The loss is the recipe ``rl.loss`` names (docs/recipes.md), with ``rl.kl.coef`` > 0 a KL term to a
+frozen reference model (the starting weights, loaded beside the policy, outside DeepSpeed's optimizer)
+and with ``rl.entropy_coef`` > 0 an entropy bonus.
+
+Every step appends one JSON record to ``metrics.jsonl`` (loss, reward, ESS, clipped fractions, KL and
+entropy when on, lag statistics, the behaviour mismatch of its lag-0 tokens, tokens, samples, step and
+wait time) and its per-token data
 to ``tokens/step_<version>_rank<r>.npz``, from which the statistics can be recomputed. Every
 ``trainer.checkpoint_every`` versions, and at the end (``final/``), the policy is saved in Hugging
 Face format with its version and the optimizer state (``platform/checkpoint.py``);
@@ -121,6 +126,30 @@ def model_positions(model_config: Any) -> int | None:
     return None
 
 
+def recipe_metrics(
+    results: list[tuple[int, float, float, float, float | None, float | None]],
+    kl_coef: float,
+    entropy_coef: float,
+) -> dict[str, float]:
+    """The step's loss diagnostics from its micro-batches' (tokens, clipped, clipped low, clipped high,
+    KL mean, entropy mean), every rank's: each a share or mean over the step's tokens. KL and entropy
+    only when their term is on (the reference model or the entropy are computed only then)."""
+    weights = [result[0] for result in results]
+    metrics = {
+        name: weighted_mean([result[index] or 0.0 for result in results], weights)
+        for name, index in (
+            (registry.CLIPPED_FRACTION, 1),
+            (registry.CLIPPED_LOW_FRACTION, 2),
+            (registry.CLIPPED_HIGH_FRACTION, 3),
+        )
+    }
+    if kl_coef > 0:
+        metrics[registry.KL_MEAN] = weighted_mean([result[4] or 0.0 for result in results], weights)
+    if entropy_coef > 0:
+        metrics[registry.ENTROPY_MEAN] = weighted_mean([result[5] or 0.0 for result in results], weights)
+    return metrics
+
+
 def _version_span(sequence: Any) -> int:
     """How many policy versions wrote this sequence (2+: it was in flight during an update)."""
     return len(np.unique(np.asarray(sequence.token_versions)))
@@ -145,6 +174,34 @@ def ess_metrics(
         except ValueError as error:
             logger.warning("%s left out of this step: %s", name, error)
     return metrics
+
+
+def reference_model_path(config: PipelineConfig, model_path: Path) -> Path:
+    """Where the KL reference's weights are: the weights the run started from. A resumed run loads its
+    policy from the checkpoint (``model_path``); its reference stays ``model.path`` when that is a local
+    directory (a warm start cached elsewhere is not known here: the checkpoint is taken then)."""
+    if config.run.resume_from is not None and config.model.path is not None:
+        start = config.model.path.expanduser()
+        if start.is_dir():
+            return start
+        logger.warning("KL reference: model.path %s is not a local directory; using %s", start, model_path)
+    return model_path
+
+
+def load_reference_model(config: PipelineConfig, path: Path, device: Any) -> Any:
+    """The frozen reference policy of the KL term: eval mode, no gradients, on the trainer's device, in
+    the policy's precision; never handed to DeepSpeed (one full copy per rank, also under ZeRO-3)."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=policy_dtype(config.model.dtype))
+    if config.model.lm_head_fp32:
+        float32_lm_head(model)
+    model.requires_grad_(False)
+    return model.to(device).eval()
+
+
+def weighted_mean(values: list[float], weights: list[int]) -> float:
+    """The mean of ``values`` weighted by ``weights`` (0.0 when they sum to 0)."""
+    total = sum(weights)
+    return float(np.dot(values, weights) / total) if total else 0.0
 
 
 def publishes_after(config: PipelineConfig, policy_version: int) -> bool:
@@ -186,6 +243,12 @@ class Trainer:
             config=deepspeed_config(config, bf16=dtype == torch.bfloat16),
         )
         self.deepspeed = deepspeed
+        # The KL term's frozen reference (rl.kl.coef > 0): the starting weights, outside the optimizer.
+        self.reference_model = (
+            load_reference_model(config, reference_model_path(config, model_path), self.engine.device)
+            if config.rl.kl.coef > 0
+            else None
+        )
         self.policy_version = 0
         self.samples_trained = 0
         self.tokens_trained = 0
@@ -369,23 +432,42 @@ class Trainer:
             for indices in batch.micro_batches
         ]
         micro_batches = [mb for mb in micro_batches if mb]
-        records, losses, clipped = [], [], []
+        rl = config.rl
+        records, losses, results = [], [], []
         self.engine.train()
         for sequences in micro_batches:
             result = micro_batch_loss(
                 self.engine,
                 sequences,
                 num_sequences=len(fresh),
-                loss_name=config.rl.loss,
-                is_cap=config.rl.is_cap,
-                ppo_clip_epsilon=config.rl.ppo_clip_epsilon,
+                loss_name=rl.loss,
+                is_cap=rl.is_cap,
+                ppo_clip_epsilon=rl.ppo_clip_epsilon,
                 temperature=config.actor.temperature,
                 device=self.engine.device,
+                clip_low=rl.clip_low,
+                clip_high=rl.clip_high,
+                normalisation=rl.loss_normalisation,
+                num_tokens=sum(len(seq.completion_token_ids) for seq in fresh),
+                max_new_tokens=config.actor.max_new_tokens,
+                kl_coef=rl.kl.coef,
+                kl_estimator=rl.kl.estimator,
+                reference_model=self.reference_model,
+                entropy_coef=rl.entropy_coef,
             )
             self.engine.backward(result.loss)
             records.append(result.tokens)
             losses.append(float(result.loss.detach()))
-            clipped.append(result.clipped_fraction)
+            results.append(
+                (
+                    result.num_tokens,
+                    result.clipped_fraction,
+                    result.clipped_low_fraction,
+                    result.clipped_high_fraction,
+                    result.kl_mean,
+                    result.entropy_mean,
+                )
+            )
         self.engine.step()
         trained_at = self.policy_version
         self.policy_version += 1
@@ -404,6 +486,7 @@ class Trainer:
                 [len(seq.completion_token_ids) for seq in fresh],
                 float(np.sum(losses)),
                 [(seq.rollout_id, int(np.min(seq.token_versions, initial=trained_at))) for seq in fresh],
+                results,
             )
         )
         tokens = concat_records([part[0] for part in parts])
@@ -428,7 +511,7 @@ class Trainer:
                 tokens.behaviour_logprobs,
                 config.rl.is_cap if config.rl.loss == "truncated_is" else None,
             ),
-            registry.CLIPPED_FRACTION: float(np.mean(clipped)),
+            **recipe_metrics([result for part in parts for result in part[6]], rl.kl.coef, rl.entropy_coef),
             registry.LAG_MEAN: lag.mean,
             registry.LAG_P50: lag.p50,
             registry.LAG_P90: lag.p90,

@@ -24,7 +24,9 @@ from pipelinerl.platform.config.base import MODES, ConfigError, Mode, Section, m
 from pipelinerl.platform.config.experiment import (
     ActorConfig,
     EvalConfig,
+    KLConfig,
     ModelConfig,
+    OverlongConfig,
     RLConfig,
     RunConfig,
     TaskConfig,
@@ -47,8 +49,10 @@ __all__ = [
     "ClusterConfig",
     "ConfigError",
     "EvalConfig",
+    "KLConfig",
     "Mode",
     "ModelConfig",
+    "OverlongConfig",
     "PipelineConfig",
     "RLConfig",
     "Role",
@@ -83,8 +87,9 @@ COLOCATED_GPU_SHARE = 0.6
 
 class PipelineConfig(Section):
     # The cross-section rules, in JSON Schema too, so that Prefect's run form refuses a violation at
-    # submission naming the field (_cross_checks enforces them all; one it cannot say in JSON Schema,
-    # actors per node x tensor-parallel size within a node's GPUs, is refused when the flow starts).
+    # submission naming the field (_cross_checks enforces them all; two it cannot say in JSON Schema,
+    # actors per node x tensor-parallel size within a node's GPUs and rl.overlong.buffer below
+    # actor.max_new_tokens, are refused when the flow starts).
     model_config = ConfigDict(
         json_schema_extra={
             "allOf": [
@@ -241,6 +246,15 @@ class PipelineConfig(Section):
                 f"actor.tensor_parallel_size={self.actor.tensor_parallel_size} needs actor.engine='vllm' "
                 "(the transformers engine runs on one device)"
             )
+        overlong = self.rl.overlong
+        if overlong.enabled and overlong.buffer >= self.actor.max_new_tokens:
+            # Not in the JSON Schema (it compares two fields, neither bounded): refused when the flow starts.
+            raise ValueError(
+                f"rl.overlong.buffer={overlong.buffer} must be below actor.max_new_tokens="
+                f"{self.actor.max_new_tokens}: the penalty grows over the last rl.overlong.buffer tokens "
+                "before actor.max_new_tokens, so every completion would be punished; lower the buffer or "
+                "raise actor.max_new_tokens"
+            )
         return self
 
     def mode_label(self) -> str:
@@ -254,9 +268,11 @@ class PipelineConfig(Section):
         return label if self.run.train_during_round else f"{label}-strict"
 
     def value_at(self, path: str) -> Any:
-        """The setting at dotted ``path`` (``"actor.num_actors"``)."""
-        section, name = path.split(".")
-        return getattr(getattr(self, section), name)
+        """The setting at dotted ``path`` (``"actor.num_actors"``, ``"rl.kl.coef"``)."""
+        value: Any = self
+        for name in path.split("."):
+            value = getattr(value, name)
+        return value
 
     def weight_group_size(self) -> int:
         """Members of the weight group: trainer rank 0, then every actor's engine workers."""

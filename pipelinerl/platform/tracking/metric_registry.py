@@ -124,6 +124,8 @@ ACTOR_ID, BATCH_INDEX, TRAINER_VERSION = "actor_id", "batch_index", "trainer_ver
 # The trainer, one record per optimizer step (metrics.jsonl).
 LOSS, REWARD_MEAN, CLIPPED_FRACTION = "rl/loss", "rl/reward_mean", "rl/clipped_fraction"
 ESS, ESS_TRUNCATED, BEHAVIOUR_MISMATCH = "rl/ess", "rl/ess_truncated", "rl/behaviour_mismatch"
+CLIPPED_LOW_FRACTION, CLIPPED_HIGH_FRACTION = "rl/clipped_low_fraction", "rl/clipped_high_fraction"
+KL_MEAN, ENTROPY_MEAN = "rl/kl_mean", "rl/entropy_mean"
 LAG_MEAN, LAG_P50, LAG_P90, LAG_MAX = "lag/mean", "lag/p50", "lag/p90", "lag/max"
 LAG_HISTOGRAM, LAG_BY_POSITION = "lag/histogram", "lag/by_position"
 LAG_POSITION_BUCKET_SIZE = "lag/position_bucket_size"
@@ -210,6 +212,14 @@ _STAGE_METRICS: tuple[Metric, ...] = (
            records=_TRAINER, mlflow=True),
     Metric(CLIPPED_FRACTION, "trainer", "fraction", "share of tokens whose weight the cap or clip "
            "changed", records=_TRAINER, mlflow=True),
+    Metric(CLIPPED_LOW_FRACTION, "trainer", "fraction", "share of tokens whose weight hit the loss's "
+           "lower bound (1 - rl.clip_low; 0 for truncated_is)", records=_TRAINER, mlflow=True),
+    Metric(CLIPPED_HIGH_FRACTION, "trainer", "fraction", "share of tokens whose weight hit the loss's "
+           "upper bound (1 + rl.clip_high, or truncated_is's cap rl.is_cap)", records=_TRAINER, mlflow=True),
+    Metric(KL_MEAN, "trainer", "nats", "mean per-token KL estimate (rl.kl.estimator) of the policy to the "
+           "frozen reference (only with rl.kl.coef > 0)", records=_TRAINER, mlflow=True),
+    Metric(ENTROPY_MEAN, "trainer", "nats", "mean token entropy of the policy at the sampling temperature "
+           "(only with rl.entropy_coef > 0)", records=_TRAINER, mlflow=True),
     Metric(BEHAVIOUR_MISMATCH, "trainer", "nats", "mean |trainer - actor log-prob| over lag-0 tokens "
            "(absent in a step without one)", records=_TRAINER, mlflow=True),
     Metric(LAG_MEAN, "trainer", "versions", "mean token lag (trainer version - sampling version)",

@@ -89,3 +89,10 @@ def test_the_margin_and_sizes() -> None:
     assert need.size(4.1 * 2**20) == "4.1 MiB"
     assert need.size(1.5 * GIB) == "1.50 GiB"
     assert need.size(26.25e9) == "24.4 GiB"
+
+
+def test_a_kl_reference_is_a_whole_copy_on_every_rank() -> None:
+    plain = need.trainer_rank_need(7_000_000_000, "bfloat16", 8, 3, False)
+    with_kl = need.trainer_rank_need(7_000_000_000, "bfloat16", 8, 3, False, reference_model=True)
+    assert with_kl.reference == 14e9, "7B parameters x 2 bytes, not sharded by ZeRO-3"
+    assert with_kl.device - plain.device == 14e9 and plain.reference == 0.0
