@@ -90,22 +90,25 @@ def wait_until(condition: Callable[[], T | None], timeout_s: float, what: str, i
 # other had finished). So the longest files come first, longest first (their seconds in a clean-clone
 # run, docs/benchmarks.md "Test suite"), then the rest in their usual order: the many short files at the
 # end even out the two workers.
-LONGEST_FILES = (
-    "tests/integration/test_vllm_pipeline.py",
+LONGEST_FILES = (  # by their measured time in a clean run (tests/ durations, 2026-11-26), longest first
     "tests/integration/test_multihost.py",
-    "tests/integration/test_vllm_engine.py",
+    "tests/integration/test_vllm_pipeline.py",
     "tests/integration/test_stack.py",
-    "tests/integration/test_real_models.py",
+    "tests/integration/test_vllm_engine.py",
     "tests/integration/test_pipeline.py",
-    "tests/integration/test_reward_hacking.py",
+    "tests/integration/test_real_models.py",
     "tests/integration/test_tracking.py",
     "tests/integration/test_restart.py",
-    "tests/integration/test_damaged_input.py",
     "tests/integration/test_bench_vllm.py",
+    "tests/integration/test_reward_hacking.py",
     "tests/integration/test_ui.py",
-    "tests/integration/test_flows.py",
+    "tests/integration/test_recipes.py",
     "tests/integration/test_bench_faults.py",
+    "tests/integration/test_bench.py",
+    "tests/integration/test_hub_ids.py",
     "tests/integration/test_bench_learning.py",
+    "tests/integration/test_damaged_input.py",
+    "tests/integration/test_flows.py",
 )
 
 

@@ -430,6 +430,102 @@ def learning(
 
 
 @bench_app.command()
+def recipes(
+    config_path: ConfigOption = None,
+    set_: SetOption = None,
+    names: Annotated[
+        str,
+        typer.Option(
+            "--recipes",
+            help="Recipes, comma-separated: truncated_is (the reference, always run), ppo_clip_higher_token, "
+            "gspo, cispo, truncated_is_kl.",
+        ),
+    ] = "truncated_is,ppo_clip_higher_token,gspo,cispo,truncated_is_kl",
+    seeds: Annotated[
+        str, typer.Option("--seeds", help="Seeds, comma-separated (medians are reported).")
+    ] = "0",
+    steps: Annotated[int, typer.Option("--steps", min=2, help="Optimizer steps of every run.")] = 100,
+    eval_every: Annotated[
+        int, typer.Option("--eval-every", min=1, help="Versions between checkpoints evaluated on held-out.")
+    ] = 10,
+    eval_problems: Annotated[int, typer.Option("--eval-problems", min=8, help="Held-out problems.")] = 200,
+    target_gain: Annotated[
+        float,
+        typer.Option("--target-gain", min=0.0, help="Target = the warm-start's held-out success plus this."),
+    ] = 0.10,
+    quick: QuickOption = False,
+    out: OutOption = None,
+) -> None:
+    """The training recipes (docs/recipes.md) in PipelineRL mode on the same task: held-out success,
+    ESS, lag, tokens clipped and step time per recipe, against truncated_is, the paper's loss."""
+    import json
+
+    from pipelinerl.bench.learning import run_learning_bench, save_overlay
+    from pipelinerl.bench.recipes import (
+        REFERENCE,
+        TABLE_HEADERS,
+        add_recipe_figures,
+        recipe_variants,
+        table_rows,
+    )
+    from pipelinerl.bench.report import default_path, load_average, markdown_table
+    from pipelinerl.platform.config import ConfigError, load_config, with_overrides
+
+    try:
+        seed_values = [int(part) for part in seeds.split(",") if part.strip()]
+    except ValueError:
+        raise fail(f"--seeds {seeds!r} must be comma-separated integers") from None
+    if not seed_values or any(seed < 0 for seed in seed_values):
+        raise fail(f"--seeds needs values >= 0 (got {seeds!r})")
+    try:
+        chosen = recipe_variants([part.strip() for part in names.split(",") if part.strip()])
+    except ValueError as error:
+        raise fail(f"--recipes: {error}") from None
+    if quick:
+        steps, eval_every, eval_problems = 4, 2, 16
+    try:
+        base = load_config(config_path, list(set_ or []))
+        base = with_overrides(base, {"run.max_steps": steps, "task.eval_problems": eval_problems})
+    except ConfigError as error:
+        raise fail(str(error)) from None
+    load_before, started_at = load_average(), datetime.now(UTC)
+    record_path = out or default_path("recipes")
+    report = run_learning_bench(
+        base,
+        chosen=chosen,
+        seeds=seed_values,
+        target_gain=target_gain,
+        eval_every=eval_every,
+        on_status=lambda text: console.log(text, markup=False, highlight=False),
+        reference=REFERENCE,
+        name="bench-recipes",
+    )
+    report = add_recipe_figures(report)
+    finish(
+        "recipes",
+        report,
+        targets={},
+        settings={
+            **report["details"].pop("settings"),
+            "recipes": {variant.label: variant.overrides for variant in chosen},
+            "learning_rate": base.trainer.learning_rate,
+            "target_gain": target_gain,
+            "quick": quick,
+        },
+        out=record_path,
+        load_before=load_before,
+        started_at=started_at,
+        render=lambda record: markdown_table(TABLE_HEADERS, table_rows(record)),
+    )
+    figure = save_overlay(
+        json.loads(record_path.read_text()),
+        record_path.with_suffix(".png"),
+        title="Held-out success by recipe (PipelineRL mode)",
+    )
+    console.print(f"overlay figure: {figure}", markup=False, highlight=False)
+
+
+@bench_app.command()
 def faults(
     config_path: ConfigOption = None,
     set_: SetOption = None,

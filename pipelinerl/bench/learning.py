@@ -258,9 +258,11 @@ def run_learning_bench(
     pin: bool = True,
     paper_figure: Path | None = None,
     on_status: Callable[[str], None] | None = None,
+    reference: str = "pipeline",
+    name: str = "bench-learning",
 ) -> dict[str, Any]:
-    """Run every variant for every seed, evaluate their checkpoints, and compare them; the paper's
-    figure set goes to ``paper_figure`` (PNG) when given."""
+    """Run every variant for every seed, evaluate their checkpoints, and compare them with the
+    ``reference`` variant; the paper's figure set goes to ``paper_figure`` (PNG) when given."""
     status = on_status or (lambda text: None)
     actor_cpus, trainer_cpus = split_cores(os.sched_getaffinity(0)) if pin else ([], [])
     common = {
@@ -269,10 +271,10 @@ def run_learning_bench(
         "trainer.cpus": trainer_cpus,
     }
     base = with_overrides(base, common)
-    bench_id = f"{datetime.now():%Y%m%d-%H%M%S}-bench-learning-{uuid.uuid4().hex[:6]}"
+    bench_id = f"{datetime.now():%Y%m%d-%H%M%S}-{name}-{uuid.uuid4().hex[:6]}"
     resolve_model(base)  # the first seed's warm start, trained (once) before any run is timed
     tags = {"variants": ",".join(v.label for v in chosen)}
-    with parent_run(base, bench_id, "bench-learning", tags) as parent:
+    with parent_run(base, bench_id, name, tags) as parent:
         results: list[VariantResult] = []
         first_seed_records: dict[str, list[dict[str, Any]]] = {}
         for seed in seeds:
@@ -291,7 +293,7 @@ def run_learning_bench(
                 results.append(variant_result(variant.label, seed, config, run, target_gain, evaluated))
                 if seed == seeds[0]:
                     first_seed_records[variant.label] = run.records
-        report = summarize_bench(results, target_gain, [v.label for v in chosen])
+        report = summarize_bench(results, target_gain, [v.label for v in chosen], reference)
         report["details"]["settings"] = {
             "actor_cpus": actor_cpus,
             "trainer_cpus": trainer_cpus,
@@ -389,14 +391,14 @@ def save_paper_figures(runs: dict[str, list[dict[str, Any]]], path: Path, seed: 
     return path
 
 
-def save_overlay(record: dict[str, Any], path: Path) -> Path:
+def save_overlay(
+    record: dict[str, Any], path: Path, title: str = "Held-out success: PipelineRL vs baselines"
+) -> Path:
     """The overlay figure of a ``learning.json`` record, as a PNG beside it (``docs/benchmarks/``)."""
     curves: dict[str, list[list[Point]]] = {}
     for run in record["runs"]:
         curves.setdefault(run["label"], []).append([tuple(point) for point in run["points"]])  # type: ignore[misc]
-    figure = learning_overlay(
-        curves, record["target_success"], title="Held-out success: PipelineRL vs baselines"
-    )
+    figure = learning_overlay(curves, record["target_success"], title=title)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     return path
@@ -419,7 +421,7 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 
 def summarize_bench(
-    results: Sequence[VariantResult], target_gain: float, labels: Sequence[str]
+    results: Sequence[VariantResult], target_gain: float, labels: Sequence[str], reference: str = "pipeline"
 ) -> dict[str, Any]:
     """Headline numbers and the per-variant table; pure.
 
@@ -434,13 +436,15 @@ def summarize_bench(
     times = {label: _median([r.time_to_target_s for r in rs]) for label, rs in by_label.items()}
     starts = {r.seed: r.points[0][2] for r in results if r.points}
     by_seed = {
-        seed: times_faster_than_baselines({r.label: r.time_to_target_s for r in results if r.seed == seed})
+        seed: times_faster_than_baselines(
+            {r.label: r.time_to_target_s for r in results if r.seed == seed}, reference
+        )
         for seed in {r.seed for r in results}
     }
     per_seed = {
         label: [by_seed[r.seed].get(label) for r in rs]
         for label, rs in by_label.items()
-        if label != "pipeline"
+        if label != reference
     }
     headline: dict[str, Any] = {
         "target_gain": target_gain,
@@ -448,12 +452,12 @@ def summarize_bench(
         "target_success_by_seed": {str(seed): start + target_gain for seed, start in sorted(starts.items())},
         # The overlay's target line: the first seed's.
         "target_success": next(iter(sorted(starts.items())), (0, 0.0))[1] + target_gain,
-        **{times_faster_key("pipeline", label): _median(ratios) for label, ratios in per_seed.items()},
-        **{f"{times_faster_key('pipeline', label)}_per_seed": ratios for label, ratios in per_seed.items()},
+        **{times_faster_key(reference, label): _median(ratios) for label, ratios in per_seed.items()},
+        **{f"{times_faster_key(reference, label)}_per_seed": ratios for label, ratios in per_seed.items()},
         **{f"ess_mean_{label}": statistics.fmean(r.ess_mean for r in rs) for label, rs in by_label.items()},
         **{f"time_to_target_s_{label}": t for label, t in times.items()},
     }
-    medians = {label: headline[times_faster_key("pipeline", label)] for label in per_seed}
+    medians = {label: headline[times_faster_key(reference, label)] for label in per_seed}
     rows = []
     for label, rs in by_label.items():
         rows.append(
@@ -463,7 +467,7 @@ def summarize_bench(
                 "time_to_target_s_per_seed": [r.time_to_target_s for r in rs],
                 **(
                     {"times_faster_than": medians, "times_faster_than_per_seed": per_seed}
-                    if label == "pipeline"
+                    if label == reference
                     else {}
                 ),
                 "eval_success_end": statistics.fmean(r.eval_success_end for r in rs),
