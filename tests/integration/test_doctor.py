@@ -90,9 +90,6 @@ def test_doctor_and_its_smoke_run_pass_on_this_machine(
     assert figures["steps"] == 3 and figures["updates_loaded"] >= 2, figures
     assert figures["buckets_refused"] == 0 and figures["notices_lost"] == 0
     assert {"pause", "load", "label_resume"} <= set(figures["update_phases_ms_median"])
-    assert sum(figures["update_phases_ms_median"].values()) == pytest.approx(
-        figures["update_pause_ms_median"], rel=0.5
-    )
     assert figures["actor_tokens_per_s_median"] > 0 and figures["trainer_step_s_median"] > 0
     assert figures["peak_memory_gib"]["host"] > 0.2 and answer["smoke_s"] > 0
     saved = json.loads(record.read_text())
@@ -103,6 +100,10 @@ def test_doctor_and_its_smoke_run_pass_on_this_machine(
     )
     run_dir = Path(saved["run_dir"])
     assert json.loads((run_dir / "smoke.json").read_text())["figures"] == saved["figures"]
+    for update in [json.loads(line) for line in (run_dir / "actor0.jsonl").read_text().splitlines()]:
+        phases = [value for key, value in update.items() if key.startswith("weights/update_phase_ms/")]
+        if "weights/update_pause_ms" in update:  # each loaded update's phases add up to its pause
+            assert sum(phases) == pytest.approx(update["weights/update_pause_ms"], rel=1e-6), update
     trained = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [record["policy_version"] for record in trained] == [1, 2, 3]
     # tracked like any run: its MLflow run holds the same steps
