@@ -21,17 +21,23 @@ import typer
 
 from pipelinerl.bench.cli_support import (
     ConfigOption,
+    EvalEveryOption,
+    EvalProblemsOption,
     ModelOption,
     OutOption,
     QuickOption,
     RunDirOption,
     SeedOption,
+    SeedsOption,
     SetOption,
+    StepsOption,
+    TargetGainOption,
     ThreadsOption,
     console,
     fail,
     finish,
     model_path_or_default,
+    parse_seeds,
     progress_display,
 )
 
@@ -322,18 +328,11 @@ def learning(
             "then training, the paper's baseline).",
         ),
     ] = False,
-    seeds: Annotated[
-        str, typer.Option("--seeds", help="Seeds, comma-separated (medians are reported).")
-    ] = "0",
-    steps: Annotated[int, typer.Option("--steps", min=2, help="Optimizer steps of every run.")] = 100,
-    eval_every: Annotated[
-        int, typer.Option("--eval-every", min=1, help="Versions between checkpoints evaluated on held-out.")
-    ] = 10,
-    eval_problems: Annotated[int, typer.Option("--eval-problems", min=8, help="Held-out problems.")] = 200,
-    target_gain: Annotated[
-        float,
-        typer.Option("--target-gain", min=0.0, help="Target = the warm-start's held-out success plus this."),
-    ] = 0.10,
+    seeds: SeedsOption = "0",
+    steps: StepsOption = 100,
+    eval_every: EvalEveryOption = 10,
+    eval_problems: EvalProblemsOption = 200,
+    target_gain: TargetGainOption = 0.10,
     no_pin: Annotated[
         bool, typer.Option("--no-pin", help="Do not give actor and trainer their own cores.")
     ] = False,
@@ -441,18 +440,11 @@ def recipes(
             "gspo, cispo, truncated_is_kl.",
         ),
     ] = "truncated_is,ppo_clip_higher_token,gspo,cispo,truncated_is_kl",
-    seeds: Annotated[
-        str, typer.Option("--seeds", help="Seeds, comma-separated (medians are reported).")
-    ] = "0",
-    steps: Annotated[int, typer.Option("--steps", min=2, help="Optimizer steps of every run.")] = 100,
-    eval_every: Annotated[
-        int, typer.Option("--eval-every", min=1, help="Versions between checkpoints evaluated on held-out.")
-    ] = 10,
-    eval_problems: Annotated[int, typer.Option("--eval-problems", min=8, help="Held-out problems.")] = 200,
-    target_gain: Annotated[
-        float,
-        typer.Option("--target-gain", min=0.0, help="Target = the warm-start's held-out success plus this."),
-    ] = 0.10,
+    seeds: SeedsOption = "0",
+    steps: StepsOption = 100,
+    eval_every: EvalEveryOption = 10,
+    eval_problems: EvalProblemsOption = 200,
+    target_gain: TargetGainOption = 0.10,
     quick: QuickOption = False,
     out: OutOption = None,
 ) -> None:
@@ -471,12 +463,7 @@ def recipes(
     from pipelinerl.bench.report import default_path, load_average, markdown_table
     from pipelinerl.platform.config import ConfigError, load_config, with_overrides
 
-    try:
-        seed_values = [int(part) for part in seeds.split(",") if part.strip()]
-    except ValueError:
-        raise fail(f"--seeds {seeds!r} must be comma-separated integers") from None
-    if not seed_values or any(seed < 0 for seed in seed_values):
-        raise fail(f"--seeds needs values >= 0 (got {seeds!r})")
+    seed_values = parse_seeds(seeds)
     try:
         chosen = recipe_variants([part.strip() for part in names.split(",") if part.strip()])
     except ValueError as error:
@@ -544,12 +531,7 @@ def faults(
     from pipelinerl.bench.report import load_average, markdown_table, target_check
     from pipelinerl.platform.config import ConfigError, load_config, with_overrides
 
-    try:
-        seed_values = [int(part) for part in seeds.split(",") if part.strip()]
-    except ValueError:
-        raise fail(f"--seeds {seeds!r} must be comma-separated integers") from None
-    if not seed_values or any(seed < 0 for seed in seed_values):
-        raise fail(f"--seeds needs one or more values >= 0 (got {seeds!r})")
+    seed_values = parse_seeds(seeds)
     try:
         base = load_config(config_path, list(set_ or []))
         if quick:

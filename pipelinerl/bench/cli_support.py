@@ -35,6 +35,17 @@ SetOption = Annotated[
     list[str] | None, typer.Option("--set", "-s", help="Override on the base config: section.key=value.")
 ]
 SeedOption = Annotated[int, typer.Option("--seed", min=0, help="Seed for prompts, sampling and rollouts.")]
+# The options of the benchmarks that compare runs by held-out success (bench learning, bench recipes).
+SeedsOption = Annotated[str, typer.Option("--seeds", help="Seeds, comma-separated (medians are reported).")]
+StepsOption = Annotated[int, typer.Option("--steps", min=2, help="Optimizer steps of every run.")]
+EvalEveryOption = Annotated[
+    int, typer.Option("--eval-every", min=1, help="Versions between checkpoints evaluated on held-out.")
+]
+EvalProblemsOption = Annotated[int, typer.Option("--eval-problems", min=8, help="Held-out problems.")]
+TargetGainOption = Annotated[
+    float,
+    typer.Option("--target-gain", min=0.0, help="Target = the warm-start's held-out success plus this."),
+]
 ModelOption = Annotated[
     Path | None,
     typer.Option(
@@ -118,3 +129,14 @@ def finish(
         highlight=False,
         soft_wrap=True,
     )
+
+
+def parse_seeds(seeds: str) -> list[int]:
+    """``--seeds`` as integers; a clear error (exit 2) for anything else, or for none, or a negative one."""
+    try:
+        values = [int(part) for part in seeds.split(",") if part.strip()]
+    except ValueError:
+        raise fail(f"--seeds {seeds!r} must be comma-separated integers") from None
+    if not values or any(seed < 0 for seed in values):
+        raise fail(f"--seeds needs one or more values >= 0 (got {seeds!r})")
+    return values
