@@ -30,16 +30,9 @@ import math
 
 import torch
 
+from pipelinerl.rl.masks import check_token_mask
+
 __all__ = ["entropy_bonus", "token_entropy"]
-
-
-def _check_mask(values_shape: torch.Size, token_mask: torch.Tensor, what: str) -> None:
-    if token_mask.shape != values_shape:
-        raise ValueError(
-            f"token_mask has shape {tuple(token_mask.shape)}, expected {what} {tuple(values_shape)}"
-        )
-    if token_mask.dtype != torch.bool:
-        raise ValueError(f"token_mask must be a bool tensor, got dtype {token_mask.dtype}")
 
 
 def token_entropy(logits: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
@@ -61,7 +54,7 @@ def token_entropy(logits: torch.Tensor, token_mask: torch.Tensor) -> torch.Tenso
         raise ValueError(f"logits must be a floating-point tensor, got dtype {logits.dtype}")
     if logits.dim() < 1 or logits.shape[-1] < 1:
         raise ValueError(f"logits must be [*, V] with V >= 1, got shape {tuple(logits.shape)}")
-    _check_mask(logits.shape[:-1], token_mask, "the leading shape of logits")
+    check_token_mask(logits.shape[:-1], token_mask, "the leading shape of logits")
 
     compute_dtype = torch.promote_types(logits.dtype, torch.float32)
     safe_logits = torch.where(
@@ -89,7 +82,7 @@ def entropy_bonus(
         ValueError: a mask of the wrong shape or dtype, a negative or non-finite ``coef`` (a negative one
             would minimise entropy), or a ``denominator`` that is not a finite number > 0.
     """
-    _check_mask(entropy.shape, token_mask, "the shape of entropy")
+    check_token_mask(entropy.shape, token_mask, "the shape of entropy")
     if not (coef >= 0 and math.isfinite(coef)):
         raise ValueError(
             f"coef must be a finite number >= 0 (the bonus maximises entropy; 0 turns it off), got {coef}"

@@ -21,18 +21,14 @@ import math
 
 import torch
 
+from pipelinerl.rl.masks import check_token_mask
+
 
 def _masked(values: torch.Tensor, token_mask: torch.Tensor | None, name: str) -> torch.Tensor:
     """The masked-in entries of ``values`` as a flat float64 tensor (float64: sums over millions of tokens
     per step lose precision in float32)."""
     if token_mask is not None:
-        if token_mask.shape != values.shape:
-            raise ValueError(
-                f"token_mask has shape {tuple(token_mask.shape)}, "
-                f"expected the shape of {name} {tuple(values.shape)}"
-            )
-        if token_mask.dtype != torch.bool:
-            raise ValueError(f"token_mask must be a bool tensor, got dtype {token_mask.dtype}")
+        check_token_mask(values.shape, token_mask, f"the shape of {name}")
         values = values[token_mask]
     flat = values.detach().reshape(-1).to(torch.float64)
     if flat.numel() == 0:

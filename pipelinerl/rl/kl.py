@@ -28,21 +28,12 @@ from typing import Literal, get_args
 import torch
 
 from pipelinerl.rl.loss import masked_log_ratio
+from pipelinerl.rl.masks import check_token_mask
 
 __all__ = ["KL_ESTIMATORS", "KLEstimator", "kl_mean", "kl_penalty"]
 
 KLEstimator = Literal["k1", "k2", "k3"]
 KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimator)
-
-
-def _check_mask(values: torch.Tensor, token_mask: torch.Tensor, name: str) -> None:
-    if token_mask.shape != values.shape:
-        raise ValueError(
-            f"token_mask has shape {tuple(token_mask.shape)}, "
-            f"expected the shape of {name} {tuple(values.shape)}"
-        )
-    if token_mask.dtype != torch.bool:
-        raise ValueError(f"token_mask must be a bool tensor, got dtype {token_mask.dtype}")
 
 
 def kl_penalty(
@@ -73,7 +64,7 @@ def kl_penalty(
             f"reference_logprobs has shape {tuple(reference_logprobs.shape)}, "
             f"expected the shape of logprobs {tuple(logprobs.shape)}"
         )
-    _check_mask(logprobs, token_mask, "logprobs")
+    check_token_mask(logprobs.shape, token_mask, "the shape of logprobs")
     if not logprobs.is_floating_point():
         raise ValueError(f"logprobs must be a floating-point tensor, got dtype {logprobs.dtype}")
 
@@ -95,7 +86,7 @@ def kl_mean(values: torch.Tensor, token_mask: torch.Tensor) -> float:
     Raises:
         ValueError: shapes differ or the mask is not bool.
     """
-    _check_mask(values, token_mask, "values")
+    check_token_mask(values.shape, token_mask, "the shape of values")
     num_tokens = int(token_mask.sum().item())
     if num_tokens == 0:
         return 0.0
