@@ -25,7 +25,7 @@ from pipelinerl.rl.overlong import overlong_penalty
 from pipelinerl.tasks.base import Score
 from pipelinerl.workers.policy_step import completion_forward, micro_batch_loss, per_token
 from pipelinerl.workers.preprocessor import RewardPolicy, build_batch_builder
-from pipelinerl.workers.trainer import recipe_metrics, reference_model_path
+from pipelinerl.workers.recipe_terms import recipe_metrics, reference_model_path
 
 TEMPERATURE = 0.8
 
