@@ -15,8 +15,9 @@ the shared run directory. The launcher then supervises those flow runs as it wou
   restarts) naming the host, without waiting for a worker that died with it; when another role fails
   first (the trainer's broadcast to a killed actor resets at once), the launcher waits for the late
   heartbeats to lapse or beat again (``role_heartbeat.attribution``) and names the lost host;
-* stopping (a failure, a cancelled ``rl-run``) cancels every role flow run still going, and their
-  workers stop the processes.
+* stopping (a failure, a cancelled ``rl-run``) asks every role flow run still going to stop through
+  the run directory (``flows/role_stop.py``; they stop their stages and end cancelled), cancels those
+  not yet started, and cancels through Prefect any that still run after ``STOP_WAIT_S``.
 
 Job variables: ``gpus`` (``cluster.<role>_gpus_per_node``) and ``nodes`` (``cluster.<role>_nodes``)
 are passed where the pool's base job template declares them (the Kubernetes and Docker templates
@@ -37,6 +38,7 @@ from prefect.deployments import run_deployment
 from prefect.states import Cancelling, Crashed
 
 from pipelinerl.flows.role_heartbeat import LATE_S, attribution, heartbeat_path, read_heartbeat
+from pipelinerl.flows.role_stop import request_stop, stop_request_path
 from pipelinerl.launch.launcher import local_placement
 from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, StageFailed
 from pipelinerl.platform.config import ROLES, PipelineConfig, Role
@@ -44,6 +46,9 @@ from pipelinerl.platform.config import ROLES, PipelineConfig, Role
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun
 
+# A role flow run asked to stop (``flows/role_stop.py``) stops its stages in seconds (SIGTERM, 5 s,
+# SIGKILL); only one still running after this long is cancelled through Prefect as well.
+STOP_WAIT_S = 30.0
 CANCEL_WAIT_S = 90.0  # a process worker gives a cancelled flow run 30 s before it kills it
 # How long the Prefect API may be unreachable (a server restarting, a network blip) before the run
 # fails naming it: the stages do not need the API to train, only the supervision does.
@@ -268,24 +273,41 @@ class PoolPlacement:
         return trainers_done
 
     def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-        """Wait up to ``grace_s`` for the role flow runs to end, cancel the rest, wait for them."""
+        """Wait up to ``grace_s`` for the role flow runs to end; ask the rest to stop through the run
+        directory (``flows/role_stop.py``) and cancel those that have not started; after ``STOP_WAIT_S``
+        cancel what still runs through Prefect, and wait for every one to end."""
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and not self._all_final():
             time.sleep(1.0)
-        going = [run for run, state in self._states() if state is None or not state.is_final()]
-        with get_client(sync_client=True) as client:
-            for run in going:
-                client.set_flow_run_state(
-                    run.flow_run_id, Cancelling(message="the run is stopping"), force=True
-                )
-                self.log(f"cancelling the {run.role} flow run {run.name}")
+        going = [(run, state) for run, state in self._states() if state is None or not state.is_final()]
+        for run, _ in going:
+            request_stop(stop_request_path(self.run_dir, run.flow_run_id), "the run is stopping")
+            self.log(f"asking the {run.role} flow run {run.name} to stop")
+        self._cancel([run for run, state in going if state is None or not state.is_running()])
+        deadline = time.monotonic() + STOP_WAIT_S
+        while going and time.monotonic() < deadline and not self._all_final():
+            time.sleep(1.0)
+        self._cancel([run for run, state in self._states() if state is not None and state.is_running()])
         deadline = time.monotonic() + CANCEL_WAIT_S
         while going and time.monotonic() < deadline and not self._all_final():
             # A flow run whose host went silent will never be cancelled by its worker: mark it.
             for run, state in self._states():
-                if state is not None and state.is_cancelling() and (silent := self._silent_for(run)):
+                if state is not None and not state.is_final() and (silent := self._silent_for(run)):
                     self._mark_lost(run, silent)
             time.sleep(1.0)
+        for run, state in self._states():
+            if state is None or not state.is_final():
+                self.log(f"the {run.role} flow run {run.name} is still {state.name if state else 'unlisted'}")
+
+    def _cancel(self, runs: list[RoleRun]) -> None:
+        if not runs:
+            return
+        with get_client(sync_client=True) as client:
+            for run in runs:
+                client.set_flow_run_state(
+                    run.flow_run_id, Cancelling(message="the run is stopping"), force=True
+                )
+                self.log(f"cancelling the {run.role} flow run {run.name}")
 
     def _all_final(self) -> bool:
         return all(state is not None and state.is_final() for _, state in self._states())

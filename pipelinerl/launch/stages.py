@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -376,19 +377,31 @@ class LocalStages:
         return ", ".join(stage.name for stage in self.stages)
 
 
-def run_role(run_dir: Path, role: Role, node: int, model_path: Path) -> None:
+def run_role(
+    run_dir: Path,
+    role: Role,
+    node: int,
+    model_path: Path,
+    stop_requested: Callable[[], str | None] = lambda: None,
+) -> str | None:
     """Run one node's share of ``role`` from the run directory's config until it is done.
 
     What the ``rl-role`` flow runs on a worker of the role's pool: the stages read everything else
-    from ``<run_dir>/config.json``; ``StageFailed`` (and so a failed flow run) if one crashes.
+    from ``<run_dir>/config.json``; ``StageFailed`` (and so a failed flow run) if one crashes. Each turn
+    it asks ``stop_requested``: a reason there (the launcher stopping the run) stops the stages at once
+    and is returned; None when the stages finished.
     """
     config = PipelineConfig.model_validate_json((run_dir / "config.json").read_text())
     placement = LocalStages(run_dir, role, node)
     placement.start(config, model_path)
     try:
         while not placement.poll():
+            if (reason := stop_requested()) is not None:
+                placement.stop(grace_s=0)
+                return reason
             time.sleep(POLL_S)
     except BaseException:
         placement.stop(grace_s=0)
         raise
     placement.stop()
+    return None

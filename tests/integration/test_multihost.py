@@ -537,6 +537,8 @@ def test_a_host_that_disappears_is_replaced_by_the_spare(cluster, multihost_run)
     # late heartbeat to lapse (role_heartbeat.attribution). The same reason ends a run without restarts.
     roles = role_flow_runs(cluster, multihost_run.run_dir)
     described = [(r["name"], r["state"]["type"], r["state"]["message"]) for r in roles]
+    for name, state, message in described:  # in full: pytest cuts a long assertion message
+        print(f"role flow run {name}: {state}: {message}")
     assert all(r["state"]["type"] not in ("RUNNING", "PENDING", "SCHEDULED", "CANCELLING") for r in roles), (
         described
     )
