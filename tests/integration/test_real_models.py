@@ -78,6 +78,12 @@ def launch_once(tmp_path: Path, model_dir: Path, run_id: str, *overrides: str) -
 MATH = ("task.name=math", "model.system_prompt=You are a careful solver.")
 # eval.every=2 on the actor's own engine, eight steps: rounds are due at v2, v4, v6.
 IN_RUN_EVAL = ("run.steps_per_round=2", "run.max_steps=8", "eval.every=2", "eval.samples=2")
+# In pipeline mode an eval round's sequences reach the preprocessor behind every training rollout
+# already queued: with the default queue (32 rollouts, 16 KiB socket buffers, 2 batches ahead) that is
+# six batches of 8 when the trainer is the slower stage (a loaded machine), and CI once saw the run end
+# at v8 before the v2 round came in. A short queue (at most about four batches ahead of a round,
+# counting the kernel buffers) and 12 steps leave room for the v2 and v4 rounds whatever the speeds.
+PIPELINE_EVAL_ROOM = ("run.max_steps=12", "transport.queue_size=8", "transport.socket_buffer_kib=4")
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +116,7 @@ def eval_pipeline_run(tmp_path_factory, random_model_dir) -> Run:
         "eval-pipeline",
         "run.mode=pipeline",
         *IN_RUN_EVAL,
+        *PIPELINE_EVAL_ROOM,
     )
 
 
@@ -138,10 +145,11 @@ def test_held_out_evaluation_during_the_run_reaches_mlflow(mode, run_name, reque
     assert config.run.mode == mode
     records = run.jsonl("eval.jsonl")
     versions = [record["policy_version"] for record in records]
-    # Rounds are due at v2, v4, v6; each fills the engine's slots ahead of new training prompts, so
-    # a round finishes within about one trainer step: at least the first two are in before v8. The
-    # engine's version may pass a multiple of 2 while the actor waits (backpressure), so a round can
-    # start a version or two late, never twice for one multiple nor before v2.
+    # Rounds are due at every multiple of 2; each fills the engine's slots ahead of new training
+    # prompts and reaches the preprocessor behind the rollouts already queued, so at least the first
+    # two are in before the run ends (PIPELINE_EVAL_ROOM). The engine's version may pass a multiple of 2
+    # while the actor waits (backpressure), so a round can start a version or two late, never twice for
+    # one multiple nor before v2.
     assert len(versions) >= 2 and versions[0] >= 2, versions
     multiples = [version // 2 for version in versions]
     assert multiples == sorted(set(multiples)), f"one round per multiple of eval.every: {versions}"

@@ -33,11 +33,12 @@ def test_a_stop_request_stops_the_role_s_stages_and_is_returned(
     (run_dir / "config.json").write_text(config.model_dump_json())
     create_curve_keys(run_dir)
     path = stop_request_path(run_dir, "0b7e5a52-0000-4000-8000-000000000001")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # a test worker's own servers
     started: list[psutil.Process] = []
 
     def ask() -> str | None:
         if not started:  # the first turn: the stage processes have started
-            started.extend(psutil.Process().children(recursive=True))
+            started.extend(p for p in psutil.Process().children(recursive=True) if p.pid not in before)
             request_stop(path, "the run is stopping (attempt 1 failed)")
         return stop_requested(path)
 
