@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelinerl.platform.batch_records import BATCHES_DIR
 from pipelinerl.platform.tracking.metric_registry import ACTOR_IN_FLIGHT, QUEUE_ROLLOUTS
 
 RESTARTS_FILE = "restarts.jsonl"
@@ -147,13 +148,20 @@ def discard_after(
             aside.mkdir(parents=True, exist_ok=True)
             with (aside / path.name).open("a") as handle:
                 handle.writelines(line + "\n" for line in thrown)
-    for version in discarded.discarded_versions:
-        for tokens in (run_dir / "tokens").glob(f"step_{version:06d}_rank*.npz"):
-            (aside / "tokens").mkdir(parents=True, exist_ok=True)
-            os.replace(tokens, aside / "tokens" / tokens.name)
+    # The discarded steps' token data and batch records, also of a step whose metrics never came.
+    for folder in ("tokens", BATCHES_DIR):
+        for path in sorted((run_dir / folder).glob("step_*_rank*.*")):
+            if _step_version(path) > resumed_from_version:
+                (aside / folder).mkdir(parents=True, exist_ok=True)
+                os.replace(path, aside / folder / path.name)
     with (run_dir / RESTARTS_FILE).open("a") as handle:
         handle.write(json.dumps(discarded.as_record()) + "\n")
     return discarded
+
+
+def _step_version(path: Path) -> int:
+    """The version of a step file named ``step_<version>_rank<r>.<ext>``."""
+    return int(path.name.split("_")[1])
 
 
 def read_restarts(run_dir: Path) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ import zmq
 from torch.distributed.constants import default_pg_timeout
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from pipelinerl.platform.batch_records import batch_record_path, trained_subset, write_batch_record
 from pipelinerl.platform.checkpoint import (
     OPTIMIZER_DIR,
     CheckpointInfo,
@@ -349,17 +350,7 @@ class Trainer:
                 self.rejected,
                 reason,
             )
-        if len(kept) == len(batch.sequences):
-            return batch
-        index = {id(sequence): i for i, sequence in enumerate(kept)}
-        old = batch.sequences
-        micro_batches = [[index[id(old[i])] for i in mb if id(old[i]) in index] for mb in batch.micro_batches]
-        return TrainBatch(
-            batch_index=batch.batch_index,
-            sequences=kept,
-            micro_batches=[mb for mb in micro_batches if mb],
-            created_at=batch.created_at,
-        )
+        return trained_subset(batch, kept)
 
     def _train_step(self, batch: TrainBatch) -> dict[str, Any]:
         config = self.config
@@ -375,12 +366,8 @@ class Trainer:
         self.consumed.update(seq.rollout_id for seq in fresh)
         for seq in fresh:
             self.trained.add(seq.rollout_id, seq.group_id)
-        by_id = {seq.rollout_id: seq for seq in fresh}
-        micro_batches = [
-            [batch.sequences[i] for i in indices if batch.sequences[i].rollout_id in by_id]
-            for indices in batch.micro_batches
-        ]
-        micro_batches = [mb for mb in micro_batches if mb]
+        trained = trained_subset(batch, fresh)  # the batch as this step trains it (and records it)
+        micro_batches = [[trained.sequences[i] for i in indices] for indices in trained.micro_batches]
         rl = config.rl
         records, losses, results = [], [], []
         self.engine.train()
@@ -426,6 +413,15 @@ class Trainer:
             trained_at_version=np.int64(trained_at),
             **{name: getattr(local, name) for name in local.__dataclass_fields__},
         )
+        batch_record: dict[str, float] = {}
+        if config.trainer.record_batches:
+            recording = time.perf_counter()
+            path = batch_record_path(self.run_dir, self.policy_version, self.rank)
+            size = write_batch_record(path, trained)
+            batch_record = {
+                registry.TRAINER_BATCH_RECORD_MS: (time.perf_counter() - recording) * 1000.0,
+                registry.TRAINER_BATCH_RECORD_BYTES: size,
+            }
         # Statistics over the whole step: every rank's tokens and sequences.
         parts = self._gather(
             (
@@ -480,6 +476,7 @@ class Trainer:
             registry.COMPLETION_LEN_MAX: int(np.max(lengths)),
             registry.TRAINER_STEP_S: time.perf_counter() - step_started,
             registry.TRAINER_MICRO_BATCHES: len(micro_batches),
+            **batch_record,  # this rank's: writing the step's batch for replay, and its size
             # (rollout id, oldest version that wrote it): the tracking owner fills the rollout ledger.
             registry.ROLLOUTS: [list(entry) for part in parts for entry in part[5]],
         }

@@ -37,6 +37,7 @@ from transformers import AutoModelForCausalLM
 
 from pipelinerl.launch.launcher import launch, preflight
 from pipelinerl.launch.stages import build_stages, stop_stages
+from pipelinerl.platform.batch_records import batch_record_path, read_batch_record
 from pipelinerl.platform.config import PipelineConfig, load_config
 from pipelinerl.platform.curve_keys import KEYS_DIR, create_curve_keys, run_keys
 from pipelinerl.platform.dtypes import dtype_name
@@ -98,6 +99,24 @@ def check_records_against_token_data(result, ranks: int = 1) -> None:
         expected = recompute_step(npz)
         for key, value in expected.items():
             assert record[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (key, record["policy_version"])
+        check_batch_records(result.run_dir, record, ranks)
+
+
+def check_batch_records(run_dir: Path, record: dict[str, Any], ranks: int) -> None:
+    """The batches the step's ranks recorded for replay (``platform/batch_records.py``) are the ones
+    the step trained: its rollouts, and, micro-batch by micro-batch, the token data it measured."""
+    version, trained = record["policy_version"], []
+    for rank in range(ranks):
+        batch = read_batch_record(batch_record_path(run_dir, version, rank))
+        tokens = np.load(run_dir / "tokens" / f"step_{version:06d}_rank{rank}.npz")
+        in_order = [batch.sequences[i] for micro_batch in batch.micro_batches for i in micro_batch]
+        for field in ("behaviour_logprobs", "token_versions"):
+            recorded = np.concatenate([getattr(seq, field) for seq in in_order])
+            assert np.array_equal(recorded, tokens[field]), (field, version, rank)
+        trained += [seq.rollout_id for seq in batch.sequences]
+    assert sorted(trained) == sorted(rollout_id for rollout_id, _ in record["rollouts"]), version
+    if rank_zero_bytes := record.get("trainer/batch_record_bytes"):
+        assert rank_zero_bytes == batch_record_path(run_dir, version, 0).stat().st_size
 
 
 def launch_once(tmp_path_factory: pytest.TempPathFactory, name: str, model_dir: Path, *overrides: str) -> Run:

@@ -506,6 +506,12 @@ class TrainerConfig(Section):
         "trainer.zero_stage >= 1): frees GPU memory for a larger model, at the cost of step time.",
     )
     num_processes: int = Field(1, ge=1, le=64, description="Trainer ranks (data parallel).")
+    record_batches: bool = Field(
+        True,
+        description="Keep the exact batch each step trained (token ids, log-probs, versions, advantages, "
+        "micro-batch packing) in the run directory's batches/, so a step can be replayed; about twice the "
+        "step's compressed token data in tokens/ (trainer/batch_record_bytes).",
+    )
     learning_rate: float = Field(3e-5, gt=0, le=1, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")

@@ -135,6 +135,7 @@ TRAINER_INFLIGHT_SEQUENCES, TRAINER_MICRO_BATCHES = "trainer/inflight_sequences"
 COMPLETION_LEN_MEAN, COMPLETION_LEN_P50 = "completion/len_mean", "completion/len_p50"
 COMPLETION_LEN_P90, COMPLETION_LEN_MAX = "completion/len_p90", "completion/len_max"
 TRAINER_STEP_S, TRAINER_WAIT_S = "trainer/step_s", "trainer/wait_s"
+TRAINER_BATCH_RECORD_MS, TRAINER_BATCH_RECORD_BYTES = "trainer/batch_record_ms", "trainer/batch_record_bytes"
 WEIGHTS_BROADCAST_MS = "weights/broadcast_ms"
 TRAINER_MALFORMED, TRAINER_REJECTED = "trainer/malformed", "trainer/rejected"
 TRAINER_UNAUTHENTICATED = "trainer/unauthenticated"
@@ -259,6 +260,10 @@ _STAGE_METRICS: tuple[Metric, ...] = (
            stored="step_stats.step_s"),
     Metric(TRAINER_WAIT_S, "trainer", "s", "seconds waiting for the step's batch", records=_TRAINER,
            stored="step_stats.wait_s"),
+    Metric(TRAINER_BATCH_RECORD_MS, "trainer", "ms", "writing the step's batch for replay (rank 0's; "
+           "absent with trainer.record_batches=false)", records=_TRAINER, mlflow=True),
+    Metric(TRAINER_BATCH_RECORD_BYTES, "trainer", "bytes", "size of rank 0's record of the step's batch "
+           "(batches/step_<version>_rank0.batch)", records=_TRAINER, mlflow=True),
     Metric(WEIGHTS_BROADCAST_MS, "trainer", "ms", "notice and broadcast of the weights after the step "
            "(absent when none were published)", records=_TRAINER, mlflow=True,
            stored="policy_versions.broadcast_ms"),

@@ -32,8 +32,11 @@ def crashed_run(run_dir: Path) -> None:
     write_lines(run_dir / "actor0.jsonl", [{"policy_version": v, "actor/in_flight": 2} for v in range(1, 6)])
     write_lines(run_dir / "eval.jsonl", [{"policy_version": v, "pass@1": 0.1} for v in (2, 4)])
     (run_dir / "tokens").mkdir()
+    (run_dir / "batches").mkdir()
     for version in range(1, 6):
         (run_dir / "tokens" / f"step_{version:06d}_rank0.npz").write_bytes(b"x")
+    for version in range(1, 7):  # step 6's batch was written, its metrics line was cut
+        (run_dir / "batches" / f"step_{version:06d}_rank0.batch").write_bytes(b"x")
 
 
 def test_records_after_the_resumed_version_are_set_aside_and_counted(tmp_path: Path) -> None:
@@ -57,6 +60,13 @@ def test_records_after_the_resumed_version_are_set_aside_and_counted(tmp_path: P
         f"step_{v:06d}_rank0.npz" for v in (1, 2, 3)
     ]
     assert sorted(p.name for p in (aside / "tokens").iterdir()) == [f"step_{v:06d}_rank0.npz" for v in (4, 5)]
+    # The discarded steps' batch records go aside with them, step 6's too: no replay trains on them.
+    assert sorted(p.name for p in (run_dir / "batches").iterdir()) == [
+        f"step_{v:06d}_rank0.batch" for v in (1, 2, 3)
+    ]
+    assert sorted(p.name for p in (aside / "batches").iterdir()) == [
+        f"step_{v:06d}_rank0.batch" for v in (4, 5, 6)
+    ]
     [restart] = read_restarts(run_dir)
     assert restart == discarded.as_record()
     assert (
