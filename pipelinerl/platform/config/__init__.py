@@ -7,8 +7,9 @@ starts, with a message naming the field, the value and what is allowed.
 The configuration is a tree of sections (``run``, ``model``, ``task``, ``actor``, ``rl``,
 ``trainer``, ``transport``, ``tracking``, ``cluster``); an override names a leaf as ``section.key=value``.
 
-The sections live in ``base`` (the section model and the error), ``experiment`` (what a run does) and
-``infrastructure`` (where its stages run and how they meet); this module assembles them into
+The sections live in ``base`` (the section model and the error), ``experiment`` (what a run does),
+``recipe`` (how the trainer learns: the ``rl`` section) and ``infrastructure`` (where its stages run
+and how they meet); this module assembles them into
 ``PipelineConfig`` and loads it.
 """
 
@@ -24,10 +25,7 @@ from pipelinerl.platform.config.base import MODES, ConfigError, Mode, Section, m
 from pipelinerl.platform.config.experiment import (
     ActorConfig,
     EvalConfig,
-    KLConfig,
     ModelConfig,
-    OverlongConfig,
-    RLConfig,
     RunConfig,
     TaskConfig,
     TrainerConfig,
@@ -40,6 +38,7 @@ from pipelinerl.platform.config.infrastructure import (
     TrackingConfig,
     TransportConfig,
 )
+from pipelinerl.platform.config.recipe import KLConfig, OverlongConfig, RLConfig
 
 __all__ = [
     "MODES",
