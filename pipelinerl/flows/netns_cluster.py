@@ -74,6 +74,7 @@ from pipelinerl.flows.stack_plan import (
     mlflow_server_env,
     tool,
 )
+from pipelinerl.platform.atomic_file import write_atomically
 
 T = TypeVar("T")
 NETNS_DIR = Path("/run/netns")
@@ -111,10 +112,7 @@ def read_state(home: Path) -> ClusterState | None:
 
 def write_state(state: ClusterState) -> None:
     path = state_path(state.plan.home)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(state.model_dump_json(indent=2))
-    tmp.replace(path)
+    write_atomically(path, state.model_dump_json(indent=2), make_parents=True)
 
 
 # ----- namespaces -----

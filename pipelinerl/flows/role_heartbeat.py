@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelinerl.platform.atomic_file import write_atomically
+
 HEARTBEAT_INTERVAL_S = 5.0
 LATE_S = 2 * HEARTBEAT_INTERVAL_S + 2.0  # a heartbeat this old has missed a beat: its host may be gone
 
@@ -55,11 +57,8 @@ def heartbeat_path(run_dir: Path, role: str, node: int) -> Path:
 
 
 def write_heartbeat(path: Path, host: str, ended: bool = False) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     beat = {"host": host, "pid": os.getpid(), "time": time.time(), "ended": ended}
-    tmp.write_text(json.dumps(beat))
-    tmp.replace(path)  # atomic: a reader never sees half a file
+    write_atomically(path, json.dumps(beat), make_parents=True)
 
 
 def read_heartbeat(path: Path) -> Heartbeat | None:

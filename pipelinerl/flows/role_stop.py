@@ -16,9 +16,10 @@ stops at once instead of joining the next attempt.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from uuid import UUID
+
+from pipelinerl.platform.atomic_file import write_atomically
 
 
 def stop_request_path(run_dir: Path, flow_run_id: UUID | str) -> Path:
@@ -27,10 +28,7 @@ def stop_request_path(run_dir: Path, flow_run_id: UUID | str) -> Path:
 
 def request_stop(path: Path, reason: str) -> None:
     """Ask the role flow run behind ``path`` to stop, saying why (written atomically)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(reason)
-    tmp.replace(path)
+    write_atomically(path, reason, make_parents=True)
 
 
 def stop_requested(path: Path) -> str | None:

@@ -65,6 +65,7 @@ from pipelinerl.flows.stack_plan import (
     worker_command,
     worker_name,
 )
+from pipelinerl.platform.atomic_file import write_atomically
 
 # ----- process I/O -----
 
@@ -88,10 +89,7 @@ def read_state(home: Path) -> StackState | None:
 
 def write_state(state: StackState) -> None:
     path = state_path(state.home)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(state.model_dump_json(indent=2))
-    tmp.replace(path)
+    write_atomically(path, state.model_dump_json(indent=2), make_parents=True)
 
 
 def is_alive(proc: StackProcess) -> bool:

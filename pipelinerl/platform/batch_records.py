@@ -16,10 +16,10 @@ is not the one the step trained.
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
 from pathlib import Path
 
+from pipelinerl.platform.atomic_file import write_atomically
 from pipelinerl.platform.wire import MalformedMessage, TrainBatch, TrainSequence, decode, encode
 
 BATCHES_DIR = "batches"
@@ -67,10 +67,7 @@ def encode_batch_record(batch: TrainBatch) -> bytes:
 def write_batch_record(path: Path, batch: TrainBatch) -> int:
     """Write ``batch`` to ``path`` atomically (a reader never sees half a file); returns its bytes."""
     data = encode_batch_record(batch)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    write_atomically(path, data, make_parents=True)
     return len(data)
 
 

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelinerl.platform.atomic_file import write_atomically
 from pipelinerl.platform.batch_records import BATCHES_DIR
 from pipelinerl.platform.tracking.metric_registry import ACTOR_IN_FLIGHT, QUEUE_ROLLOUTS
 
@@ -100,9 +101,7 @@ def _split(
 
 
 def _rewrite(path: Path, lines: list[str]) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text("".join(line + "\n" for line in lines))
-    os.replace(temporary, path)
+    write_atomically(path, "".join(line + "\n" for line in lines))
 
 
 def _lost_in_flight(run_dir: Path, last_trained: int, sequences_per_batch: int) -> int:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from pipelinerl.platform.atomic_file import write_atomically
 
 PHASE_FILE = "phase.json"
 
@@ -22,10 +23,8 @@ class Phase:
 
 def write_phase(run_dir: Path, text: str) -> None:
     """Record that the run is now at ``text`` (atomically; a run directory that is gone is no error)."""
-    tmp = run_dir / f".{PHASE_FILE}.{os.getpid()}.tmp"
     with contextlib.suppress(OSError):
-        tmp.write_text(json.dumps({"text": text, "since": time.time()}))
-        tmp.replace(run_dir / PHASE_FILE)
+        write_atomically(run_dir / PHASE_FILE, json.dumps({"text": text, "since": time.time()}))
 
 
 def read_phase(run_dir: Path) -> Phase | None:
