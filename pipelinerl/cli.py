@@ -220,6 +220,65 @@ def compare(
     print_comparison(console, result)
 
 
+@app.command()
+def replay(
+    run_dir: Annotated[Path, typer.Argument(help="The recorded run's directory.")],
+    from_: Annotated[
+        int | None,
+        typer.Option(
+            "--from", help="Resume at the checkpoint at or before this version (default: the start)."
+        ),
+    ] = None,
+    to: Annotated[
+        int | None, typer.Option("--to", help="The last version to train (default: the last).")
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="What-if: another recipe on the same batches, section.key=value."),
+    ] = None,
+    tolerance: Annotated[
+        float, typer.Option(min=0.0, help="Relative tolerance of the check (0: every value to the bit).")
+    ] = 0.0,
+    out: Annotated[
+        Path | None, typer.Option(help="The replay's directory (default: RUN/replays/<time>).")
+    ] = None,
+) -> None:
+    """Train a run's recorded steps again from a checkpoint, and check each step against the record
+    (token log-probs, loss, ESS, gradient norm, the weights tensor by tensor); with --set, train the
+    same batches under another recipe and show both."""
+    from pipelinerl.launch.replay import ReplayError, default_master_port, plan_replay, run_replay
+    from pipelinerl.launch.replay_check import check_replay
+    from pipelinerl.launch.replay_view import print_replay
+
+    try:
+        plan = plan_replay(run_dir, from_, to, set_ or [], out)
+    except ReplayError as error:
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    console.print(
+        f"replaying versions {plan.first + 1}..{plan.last} of {plan.source} from {plan.model_path} "
+        f"({plan.config.trainer.num_processes} rank(s)) into {plan.out}",
+        soft_wrap=True,
+        highlight=False,
+    )
+    with console.status("starting the replay") as spinner:
+        try:
+            run_replay(
+                plan,
+                default_master_port(plan.config.transport.host),
+                lambda done: spinner.update(f"replayed {done} of {len(plan.versions)} steps"),
+            )
+        except ReplayError as error:
+            console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+            raise typer.Exit(1) from None
+    report = check_replay(
+        plan.source, plan.out, plan.versions, plan.config.trainer.num_processes, tolerance, plan.what_if
+    )
+    print_replay(console, report, plan.out)
+    if report.first_divergence is not None:
+        raise typer.Exit(1)
+
+
 config_app = typer.Typer(help="Inspect configurations.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,18 +17,11 @@ from typing import IO, Any
 
 from pipelinerl.doctor.checks import Check
 from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.stores import free_port
 
 SECTION = "Collectives"
 MIB = 4.0
 TIMEOUT_S = 90.0
-
-
-def free_port(host: str) -> int:
-    """A port the kernel hands out on ``host`` now (bound to port 0, then released)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
 
 
 def run_group(

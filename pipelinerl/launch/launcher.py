@@ -45,7 +45,7 @@ from pipelinerl.launch.run_paths import check_run_paths
 from pipelinerl.launch.run_prediction import check_plan_profile, record_prediction
 from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, LocalStages, RunStalled, StageFailed, StallWatch
 from pipelinerl.launch.summary import summarize
-from pipelinerl.platform.checkpoint import latest_checkpoint, starting_version
+from pipelinerl.platform.checkpoint import RunStart, latest_checkpoint, starting_version, write_start
 from pipelinerl.platform.config import ConfigError, PipelineConfig, with_overrides
 from pipelinerl.platform.curve_keys import PRIVATE_DIR_MODE, create_curve_keys
 from pipelinerl.platform.jsonl import JsonlTail
@@ -399,6 +399,8 @@ def launch(
     make_private_run_dir(run_dir)
     status = _recording_phases(status, run_dir)  # the dashboard shows what it does before its first step
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    start = RunStart(model_path=model_path, policy_version=starting_version(config.run.resume_from))
+    write_start(run_dir, start)  # what a replay from before the first checkpoint resumes from
 
     # Every run authenticates its peers, on loopback too (another local process is a stranger); stages
     # on other nodes read the keys from the shared run directory.

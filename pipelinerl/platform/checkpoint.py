@@ -123,3 +123,33 @@ def read_trained(directory: Path) -> TrainedSoFar:
         for actor_id, position in share.prompt_positions.items():
             merged.prompt_positions[actor_id] = max(merged.prompt_positions.get(actor_id, 0), position)
     return merged
+
+
+# ----- where the run's policy started -------------------------------------------------------------
+#
+# ``start.json`` in the run directory: the model the trainer started from (a Hugging Face directory,
+# a warm start, or the checkpoint ``run.resume_from`` named) and its policy version. A replay from
+# before the run's first checkpoint resumes from it.
+
+START_FILE = "start.json"
+
+
+class RunStart(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_path: Path = Field(description="The model the trainer started from.")
+    policy_version: int = Field(ge=0, description="Its policy version (0 unless resumed).")
+
+
+def write_start(run_dir: Path, start: RunStart) -> None:
+    (run_dir / START_FILE).write_text(start.model_dump_json(indent=2))
+
+
+def read_start(run_dir: Path) -> RunStart:
+    path = run_dir / START_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{str(run_dir)!r} records no starting model ({START_FILE} is missing)")
+    try:
+        return RunStart.model_validate_json(path.read_text())
+    except ValidationError as error:
+        raise CheckpointError(f"{str(path)!r} is not a run's starting model: {error}") from None

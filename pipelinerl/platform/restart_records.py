@@ -28,6 +28,7 @@ from typing import Any
 
 from pipelinerl.platform.atomic_file import write_atomically
 from pipelinerl.platform.batch_records import BATCHES_DIR
+from pipelinerl.platform.step_digests import DIGESTS_DIR
 from pipelinerl.platform.tracking.metric_registry import ACTOR_IN_FLIGHT, QUEUE_ROLLOUTS
 
 RESTARTS_FILE = "restarts.jsonl"
@@ -147,9 +148,10 @@ def discard_after(
             aside.mkdir(parents=True, exist_ok=True)
             with (aside / path.name).open("a") as handle:
                 handle.writelines(line + "\n" for line in thrown)
-    # The discarded steps' token data and batch records, also of a step whose metrics never came.
-    for folder in ("tokens", BATCHES_DIR):
-        for path in sorted((run_dir / folder).glob("step_*_rank*.*")):
+    # The discarded steps' token data, batch records and weight digests, also of a step whose metrics
+    # never came.
+    for folder in ("tokens", BATCHES_DIR, DIGESTS_DIR):
+        for path in sorted((run_dir / folder).glob("step_*.*")):
             if _step_version(path) > resumed_from_version:
                 (aside / folder).mkdir(parents=True, exist_ok=True)
                 os.replace(path, aside / folder / path.name)
@@ -159,8 +161,8 @@ def discard_after(
 
 
 def _step_version(path: Path) -> int:
-    """The version of a step file named ``step_<version>_rank<r>.<ext>``."""
-    return int(path.name.split("_")[1])
+    """The version of a step file named ``step_<version>_rank<r>.<ext>`` or ``step_<version>.<ext>``."""
+    return int(path.name.split(".")[0].split("_")[1])
 
 
 def read_restarts(run_dir: Path) -> list[dict[str, Any]]:

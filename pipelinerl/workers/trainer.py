@@ -52,6 +52,12 @@ from pipelinerl.platform.checkpoint import (
 )
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.dtypes import policy_dtype
+from pipelinerl.platform.step_digests import (
+    StepDigests,
+    parameter_digests,
+    step_digests_path,
+    write_step_digests,
+)
 from pipelinerl.platform.stores import init_trainer_group
 from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.transport import Receiver, run_keys
@@ -154,6 +160,12 @@ def ess_metrics(
     return metrics
 
 
+def step_seed(seed: int, policy_version: int) -> int:
+    """The torch seed of the step that trains ``policy_version`` into the next (``run.seed`` and the
+    version alone, so a step drawn again in a replay draws the same)."""
+    return (seed * 1_000_003 + policy_version) % 2**63
+
+
 def publishes_after(config: PipelineConfig, policy_version: int) -> bool:
     """Whether the weights of ``policy_version`` go to the actors (conventional: once per round)."""
     if config.run.mode == "conventional":
@@ -171,6 +183,8 @@ class Trainer:
         self.run_dir = run_dir
         self.rank = rank
         self.model_path = model_path
+        self.device = device
+        self.publisher: WeightPublisher | None = None  # open_transport's, on rank 0
         torch.manual_seed(config.run.seed)
         dtype = policy_dtype(config.model.dtype)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
@@ -208,13 +222,25 @@ class Trainer:
         self.consumed: set[str] = set()
         if config.run.resume_from is not None:
             self._resume(config.run.resume_from)
+        # Sequences refused at this boundary (wire.impossible_values) and other messages than batches.
+        self.rejected = 0
+        self.vocab_size = int(self.engine.module.get_input_embeddings().num_embeddings)
+        self.max_sequence_tokens = model_positions(self.engine.module.config)
+        self.max_completion_tokens = config.actor.max_new_tokens
+        # What each step keeps for a replay: its batch, and the digests of the weights it made.
+        self.record_batches = self.record_digests = config.trainer.record_batches
+        (run_dir / "tokens").mkdir(exist_ok=True)
+
+    def open_transport(self) -> None:
+        """The batch socket and, on rank 0, the weight publisher (``run``; a replay has neither)."""
+        config, device = self.config, self.device
         self.zmq_context = zmq.Context()
         transport = config.transport
-        keys = run_keys(run_dir)  # every run authenticates its peers, on loopback too
+        keys = run_keys(self.run_dir)  # every run authenticates its peers, on loopback too
         # Each rank connects to the inbox the preprocessor binds for it.
         self.batches = Receiver(
             self.zmq_context,
-            transport.trainer_inbox(rank),
+            transport.trainer_inbox(self.rank),
             "pull",
             bind=False,
             high_water_mark=1,
@@ -223,14 +249,8 @@ class Trainer:
             # A lost batch would leave this rank and the preprocessor waiting for each other: fail fast.
             on_gap="fail",
         )
-        # Sequences refused at this boundary (wire.impossible_values) and other messages than batches.
-        self.rejected = 0
-        self.vocab_size = int(self.engine.module.get_input_embeddings().num_embeddings)
-        self.max_sequence_tokens = model_positions(self.engine.module.config)
-        self.max_completion_tokens = config.actor.max_new_tokens
         # Rank 0 alone talks to the actors.
-        self.publisher = WeightPublisher(self.zmq_context, config, keys, device) if rank == 0 else None
-        (run_dir / "tokens").mkdir(exist_ok=True)
+        self.publisher = WeightPublisher(self.zmq_context, config, keys, device) if self.rank == 0 else None
 
     def _resume(self, directory: Path) -> None:
         info = read_info(directory)
@@ -276,6 +296,7 @@ class Trainer:
 
     def run(self) -> None:
         config = self.config
+        self.open_transport()
         started = time.time()
         metrics_path = self.run_dir / "metrics.jsonl"
         with metrics_path.open("a") as metrics_file:
@@ -288,7 +309,7 @@ class Trainer:
                 if batch is None:
                     break
                 wait_s = time.perf_counter() - wait_started
-                record = self._train_step(batch)
+                record = self.train_step(batch)
                 record[registry.TRAINER_WAIT_S] = wait_s
                 record[registry.TRAINER_REJECTED] = self.rejected + self.batches.rejected_count  # + replays
                 record[registry.TRAINER_MALFORMED] = self.batches.malformed_count
@@ -352,9 +373,11 @@ class Trainer:
             )
         return trained_subset(batch, kept)
 
-    def _train_step(self, batch: TrainBatch) -> dict[str, Any]:
+    def train_step(self, batch: TrainBatch) -> dict[str, Any]:
         config = self.config
         step_started = time.perf_counter()
+        # Dropout and any sampling in the step draw from (seed, version) alone: a replay draws the same.
+        torch.manual_seed(step_seed(config.run.seed, self.policy_version))
         fresh = [seq for seq in batch.sequences if seq.rollout_id not in self.consumed]
         if len(fresh) < len(batch.sequences):
             self.rejected += len(batch.sequences) - len(fresh)
@@ -405,6 +428,7 @@ class Trainer:
                 )
             )
         self.engine.step()
+        grad_norm = self.engine.get_global_grad_norm()
         trained_at = self.policy_version
         self.policy_version += 1
         local = concat_records(records)
@@ -414,7 +438,7 @@ class Trainer:
             **{name: getattr(local, name) for name in local.__dataclass_fields__},
         )
         batch_record: dict[str, float] = {}
-        if config.trainer.record_batches:
+        if self.record_batches:
             recording = time.perf_counter()
             path = batch_record_path(self.run_dir, self.policy_version, self.rank)
             size = write_batch_record(path, trained)
@@ -422,6 +446,10 @@ class Trainer:
                 registry.TRAINER_BATCH_RECORD_MS: (time.perf_counter() - recording) * 1000.0,
                 registry.TRAINER_BATCH_RECORD_BYTES: size,
             }
+        if self.record_digests:
+            batch_record[registry.TRAINER_WEIGHTS_DIGEST_MS] = self._record_digests()
+        if grad_norm is not None:
+            batch_record[registry.TRAINER_GRAD_NORM] = float(grad_norm)
         # Statistics over the whole step: every rank's tokens and sequences.
         parts = self._gather(
             (
@@ -492,6 +520,26 @@ class Trainer:
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, part)
         return gathered
+
+    def _record_digests(self) -> float:
+        """Rank 0 writes the digests of the weights this step made (``platform/step_digests``); every
+        rank enters ZeRO-3's gather (a collective). Returns the milliseconds it took."""
+        named = self._parameters()
+        started = time.perf_counter()
+        zero3 = self.config.trainer.zero_stage == 3
+        with self.deepspeed.zero.GatheredParameters([param for _, param in named], enabled=zero3):
+            if self.rank == 0:
+                digests = StepDigests(self.policy_version, parameter_digests(named))
+                write_step_digests(step_digests_path(self.run_dir, self.policy_version), digests)
+        return (time.perf_counter() - started) * 1000.0
+
+    def apply_learning_rate(self) -> None:
+        """Set the optimizer's learning rate from this config (a resumed optimizer state brings the
+        saved one): ``trainer.learning_rate``, or the warm-up schedule's value at its resumed step."""
+        scheduler = self.engine.lr_scheduler
+        rates = scheduler.get_lr() if scheduler is not None else None
+        for i, group in enumerate(self.engine.optimizer.param_groups):
+            group["lr"] = rates[i] if rates is not None else self.config.trainer.learning_rate
 
     def _parameters(self) -> list[tuple[str, Any]]:
         return list(self.engine.module.named_parameters(remove_duplicate=True))

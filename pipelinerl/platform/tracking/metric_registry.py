@@ -136,6 +136,7 @@ COMPLETION_LEN_MEAN, COMPLETION_LEN_P50 = "completion/len_mean", "completion/len
 COMPLETION_LEN_P90, COMPLETION_LEN_MAX = "completion/len_p90", "completion/len_max"
 TRAINER_STEP_S, TRAINER_WAIT_S = "trainer/step_s", "trainer/wait_s"
 TRAINER_BATCH_RECORD_MS, TRAINER_BATCH_RECORD_BYTES = "trainer/batch_record_ms", "trainer/batch_record_bytes"
+TRAINER_WEIGHTS_DIGEST_MS, TRAINER_GRAD_NORM = "trainer/weights_digest_ms", "trainer/grad_norm"
 WEIGHTS_BROADCAST_MS = "weights/broadcast_ms"
 TRAINER_MALFORMED, TRAINER_REJECTED = "trainer/malformed", "trainer/rejected"
 TRAINER_UNAUTHENTICATED = "trainer/unauthenticated"
@@ -264,6 +265,11 @@ _STAGE_METRICS: tuple[Metric, ...] = (
            "absent with trainer.record_batches=false)", records=_TRAINER, mlflow=True),
     Metric(TRAINER_BATCH_RECORD_BYTES, "trainer", "bytes", "size of rank 0's record of the step's batch "
            "(batches/step_<version>_rank0.batch)", records=_TRAINER, mlflow=True),
+    Metric(TRAINER_WEIGHTS_DIGEST_MS, "trainer", "ms", "hashing the weights the step made "
+           "(digests/step_<version>.json, what a replay is checked against; with trainer.record_batches)",
+           records=_TRAINER, mlflow=True),
+    Metric(TRAINER_GRAD_NORM, "trainer", "norm", "global gradient norm of the step, before clipping "
+           "(trainer.grad_clip)", records=_TRAINER, mlflow=True),
     Metric(WEIGHTS_BROADCAST_MS, "trainer", "ms", "notice and broadcast of the weights after the step "
            "(absent when none were published)", records=_TRAINER, mlflow=True,
            stored="policy_versions.broadcast_ms"),

@@ -35,8 +35,10 @@ def crashed_run(run_dir: Path) -> None:
     (run_dir / "batches").mkdir()
     for version in range(1, 6):
         (run_dir / "tokens" / f"step_{version:06d}_rank0.npz").write_bytes(b"x")
+    (run_dir / "digests").mkdir()
     for version in range(1, 7):  # step 6's batch was written, its metrics line was cut
         (run_dir / "batches" / f"step_{version:06d}_rank0.batch").write_bytes(b"x")
+        (run_dir / "digests" / f"step_{version:06d}.json").write_bytes(b"{}")
 
 
 def test_records_after_the_resumed_version_are_set_aside_and_counted(tmp_path: Path) -> None:
@@ -67,6 +69,8 @@ def test_records_after_the_resumed_version_are_set_aside_and_counted(tmp_path: P
     assert sorted(p.name for p in (aside / "batches").iterdir()) == [
         f"step_{v:06d}_rank0.batch" for v in (4, 5, 6)
     ]
+    assert sorted(p.name for p in (aside / "digests").iterdir()) == [f"step_{v:06d}.json" for v in (4, 5, 6)]
+    assert len(list((run_dir / "digests").iterdir())) == 3
     [restart] = read_restarts(run_dir)
     assert restart == discarded.as_record()
     assert (
