@@ -242,16 +242,20 @@ def replay(
     out: Annotated[
         Path | None, typer.Option(help="The replay's directory (default: RUN/replays/<time>).")
     ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(help="A local copy of the model the run started from (a bundle checks its digest)."),
+    ] = None,
 ) -> None:
-    """Train a run's recorded steps again from a checkpoint, and check each step against the record
-    (token log-probs, loss, ESS, gradient norm, the weights tensor by tensor); with --set, train the
-    same batches under another recipe and show both."""
+    """Train a run's recorded steps (a run directory or a bundle: runs export) again from a checkpoint,
+    and check each step against the record (token log-probs, loss, ESS, gradient norm, the weights tensor
+    by tensor); with --set, train the same batches under another recipe and show both."""
     from pipelinerl.launch.replay import ReplayError, default_master_port, plan_replay, run_replay
     from pipelinerl.launch.replay_check import check_replay
     from pipelinerl.launch.replay_view import print_replay
 
     try:
-        plan = plan_replay(run_dir, from_, to, set_ or [], out)
+        plan = plan_replay(run_dir, from_, to, set_ or [], out, model)
     except ReplayError as error:
         console.print(f"[red]error:[/red] {error}", soft_wrap=True)
         raise typer.Exit(2) from None
@@ -277,6 +281,42 @@ def replay(
     print_replay(console, report, plan.out)
     if report.first_divergence is not None:
         raise typer.Exit(1)
+
+
+@runs_app.command("export")
+def runs_export(
+    run_dir: Annotated[Path, typer.Argument(help="The run's directory.")],
+    bundle: Annotated[Path, typer.Option("--bundle", help="A new directory to write the bundle into.")],
+    from_: Annotated[
+        int | None, typer.Option("--from", help="First version a replay starts at (default: the start).")
+    ] = None,
+    to: Annotated[int | None, typer.Option("--to", help="Last version (default: the last recorded).")] = None,
+    with_model: Annotated[
+        bool, typer.Option(help="Copy the starting model in (else it is named by digest).")
+    ] = False,
+) -> None:
+    """Write what reproduces a run's training (checkpoint, batches, token data, weight digests, config,
+    metrics) into a bundle that `pipelinerl replay` reads on another machine."""
+    from pipelinerl.platform.bundles import BundleError, export_bundle
+    from pipelinerl.platform.checkpoint import CheckpointError
+    from pipelinerl.platform.config import PipelineConfig
+
+    source = run_dir.expanduser().resolve()
+    try:
+        ranks = PipelineConfig.model_validate_json((source / "config.json").read_text()).trainer.num_processes
+        with console.status("exporting") as spinner:
+            manifest = export_bundle(source, bundle.resolve(), ranks, from_, to, with_model, spinner.update)
+    except (BundleError, CheckpointError, OSError, ValueError) as error:
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
+    size = sum(path.stat().st_size for path in bundle.rglob("*") if path.is_file())
+    console.print(
+        f"bundle of {manifest.run_id}, versions {manifest.first + 1}..{manifest.last}: {len(manifest.files)} "
+        f"files, {size / 2**20:.1f} MiB, in {bundle}; the starting model is "
+        + ("in it" if manifest.model_included else f"named by its digest {manifest.model_digest[:16]}…"),
+        soft_wrap=True,
+        highlight=False,
+    )
 
 
 config_app = typer.Typer(help="Inspect configurations.", no_args_is_help=True)

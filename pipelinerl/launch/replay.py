@@ -34,11 +34,12 @@ from typing import Any
 from pipelinerl.launch.rank_env import torchrun_env
 from pipelinerl.launch.stages import stage_env
 from pipelinerl.platform.batch_records import batch_record_path
-from pipelinerl.platform.checkpoint import INFO_FILE, CheckpointError, read_info, read_start
+from pipelinerl.platform.bundles import BundleError, Manifest, bundle_start_model, is_bundle, verify_bundle
+from pipelinerl.platform.checkpoint import CheckpointError, policy_at_or_before, read_start
 from pipelinerl.platform.config import ConfigError, PipelineConfig, parse_override, with_overrides
+from pipelinerl.platform.jsonl import step_records
 from pipelinerl.platform.step_digests import step_digests_path
 from pipelinerl.platform.stores import free_port
-from pipelinerl.platform.tracking import metric_registry as registry
 
 REPLAYS_DIR = "replays"
 
@@ -89,35 +90,6 @@ class ReplayPlan:
         return range(self.first + 1, self.last + 1)
 
 
-def recorded_metrics(run_dir: Path) -> dict[int, dict[str, Any]]:
-    """The run's step records (``metrics.jsonl``, the surviving lineage) by policy version."""
-    path = run_dir / "metrics.jsonl"
-    records: dict[int, dict[str, Any]] = {}
-    if not path.is_file():
-        return records
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-            records[int(record[registry.POLICY_VERSION])] = record
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut by a crash is no step
-    return records
-
-
-def resume_point(run_dir: Path, at_or_before: int) -> tuple[Path, int, bool]:
-    """(model directory, its version, whether it is a checkpoint to resume) of the latest policy at or
-    before version ``at_or_before``: a complete checkpoint of the run, else its starting model."""
-    start = read_start(run_dir)
-    best: tuple[Path, int, bool] = (start.model_path, start.policy_version, start.policy_version > 0)
-    for directory in sorted((run_dir / "checkpoints").glob("v*")):
-        if not (directory / INFO_FILE).is_file():
-            continue  # interrupted while it was written
-        version = read_info(directory).policy_version
-        if best[1] < version <= at_or_before:
-            best = (directory, version, True)
-    return best
-
-
 def parse_changes(sets: list[str]) -> dict[str, str]:
     changes: dict[str, str] = {}
     for text in sets:
@@ -132,33 +104,64 @@ def parse_changes(sets: list[str]) -> dict[str, str]:
     return changes
 
 
+def _start_model(source: Path, start_path: Path, model: Path | None) -> tuple[Path | None, Manifest | None]:
+    """The run's starting model (None: not here) and, for a bundle, its manifest once verified."""
+    if not is_bundle(source):
+        path = model or start_path
+        return (path if (path / "config.json").is_file() else None), None
+    try:
+        manifest = verify_bundle(source)
+        return bundle_start_model(source, manifest, model), manifest
+    except BundleError as error:
+        raise ReplayError(str(error)) from None
+
+
 def plan_replay(
-    source: Path, first: int | None, last: int | None, sets: list[str], out: Path | None = None
+    source: Path,
+    first: int | None,
+    last: int | None,
+    sets: list[str],
+    out: Path | None = None,
+    model: Path | None = None,
 ) -> ReplayPlan:
-    """The replay of ``source``'s versions ``first`` .. ``last`` (default: all recorded), checked."""
+    """The replay of ``source``'s versions ``first`` .. ``last`` (default: all recorded), checked.
+    ``source`` is a run directory or a bundle (``platform/bundles``); ``model``, a local copy of the
+    model the run started from, where the recorded path does not hold it (a bundle checks its digest)."""
     source = source.expanduser().resolve()
     if not (source / "config.json").is_file():
-        raise ReplayError(f"{str(source)!r} is not a run directory (it has no config.json)")
+        raise ReplayError(f"{str(source)!r} is not a run directory or bundle (it has no config.json)")
     try:
         recorded = PipelineConfig.model_validate_json((source / "config.json").read_text())
     except ValueError as error:
         raise ReplayError(f"{str(source / 'config.json')!r} is not a valid run config: {error}") from None
-    steps = recorded_metrics(source)
+    steps = step_records(source)
     if not steps:
         raise ReplayError(f"{str(source)!r} recorded no optimizer step (metrics.jsonl is empty or missing)")
     try:
         start = read_start(source)
     except CheckpointError as error:
         raise ReplayError(str(error)) from None
-    low, high = start.policy_version, max(steps)
+    start_model, manifest = _start_model(source, start.model_path, model)
+    low, high = (manifest.first, manifest.last) if manifest else (start.policy_version, max(steps))
     last = high if last is None else last
     asked_from = low if first is None else first
     if not low <= asked_from < last <= high:
         raise ReplayError(
-            f"--from {asked_from} --to {last}: the run recorded versions {low + 1}..{high}; a replay goes "
-            f"from a version in {low}..{high - 1} to a later one up to {high}"
+            f"--from {asked_from} --to {last}: the {'bundle holds' if manifest else 'run recorded'} "
+            f"versions {low + 1}..{high}; a replay goes from a version in {low}..{high - 1} to a later one "
+            f"up to {high}"
         )
-    model_path, resumed_at, is_checkpoint = resume_point(source, asked_from)
+    model_path, resumed_at, is_checkpoint = policy_at_or_before(source, asked_from)
+    changes = parse_changes(sets)
+    kl = float(changes.get("rl.kl.coef", recorded.rl.kl.coef)) > 0
+    if start_model is None and (not is_checkpoint or kl):
+        needs = "it resumes from the run's start" if not is_checkpoint else "its KL term's reference is it"
+        raise ReplayError(
+            f"the replay needs the model the run started from ({needs}), and {str(start.model_path)!r} holds "
+            "none: name a local copy with --model"
+        )
+    if not is_checkpoint:
+        model_path = start_model or model_path
     if not (model_path / "config.json").is_file():
         raise ReplayError(f"the replay resumes from {str(model_path)!r}, which holds no model (config.json)")
     missing = [
@@ -175,12 +178,11 @@ def plan_replay(
             f"the replay of versions {resumed_at + 1}..{last} needs {len(missing)} file(s) the run does not "
             f"have (was trainer.record_batches off?), e.g. {missing[0]}"
         )
-    changes = parse_changes(sets)
     values: dict[str, Any] = {
         "run.resume_from": str(model_path) if is_checkpoint else None,
         "run.max_steps": max(recorded.run.max_steps, last),
         # The KL term's reference is the run's starting model, also when the replay resumes later.
-        "model.path": str(recorded.model.path or start.model_path),
+        "model.path": str(start_model) if start_model is not None else recorded.model.path,
         **changes,
     }
     try:
@@ -252,7 +254,7 @@ def run_replay(plan: ReplayPlan, master_port: int, progress: Callable[[int], Non
             if failed:
                 break
             if progress is not None:
-                progress(len(recorded_metrics(plan.out)))
+                progress(len(step_records(plan.out)))
             time.sleep(0.5)
         for rank, process, _ in processes:
             if process.poll() not in (None, 0):
@@ -268,7 +270,7 @@ def run_replay(plan: ReplayPlan, master_port: int, progress: Callable[[int], Non
                 process.wait()
             log.close()
     if progress is not None:
-        progress(len(recorded_metrics(plan.out)))
+        progress(len(step_records(plan.out)))
 
 
 def default_master_port(host: str) -> int:

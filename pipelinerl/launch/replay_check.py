@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelinerl.launch.replay import recorded_metrics
+from pipelinerl.platform.jsonl import step_records
 from pipelinerl.platform.step_digests import first_difference, read_step_digests, step_digests_path
 from pipelinerl.platform.tracking import metric_registry as registry
 
@@ -104,7 +104,7 @@ def check_replay(
     source: Path, out: Path, versions: range, ranks: int, tolerance: float = 0.0, what_if: bool = False
 ) -> ReplayReport:
     """Each version of ``versions`` the replay in ``out`` trained, against ``source``'s record."""
-    theirs, ours = recorded_metrics(source), recorded_metrics(out)
+    theirs, ours = step_records(source), step_records(out)
     steps = []
     for version in versions:
         if version not in ours:

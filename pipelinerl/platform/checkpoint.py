@@ -153,3 +153,18 @@ def read_start(run_dir: Path) -> RunStart:
         return RunStart.model_validate_json(path.read_text())
     except ValidationError as error:
         raise CheckpointError(f"{str(path)!r} is not a run's starting model: {error}") from None
+
+
+def policy_at_or_before(run_dir: Path, version: int) -> tuple[Path, int, bool]:
+    """(model directory, its version, whether it is a checkpoint to resume) of the run's latest policy
+    at or before ``version``: a complete checkpoint of the run, else the model it started from."""
+    start = read_start(run_dir)
+    model_path = start.model_path if start.model_path.is_absolute() else run_dir / start.model_path
+    best: tuple[Path, int, bool] = (model_path, start.policy_version, start.policy_version > 0)
+    for directory in sorted((run_dir / "checkpoints").glob("v*")):
+        if not (directory / INFO_FILE).is_file():
+            continue  # interrupted while it was written
+        found = read_info(directory).policy_version
+        if best[1] < found <= version:
+            best = (directory, found, True)
+    return best

@@ -49,3 +49,19 @@ class JsonlTail:
         end = data.rfind(b"\n") + 1
         self.offset += end
         return [json.loads(line) for line in data[:end].decode().splitlines() if line.strip()]
+
+
+def step_records(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """A run's trainer step records (``metrics.jsonl``: the surviving lineage) by policy version; a
+    line cut by a crash is no step."""
+    path = run_dir / "metrics.jsonl"
+    records: dict[int, dict[str, Any]] = {}
+    if not path.is_file():
+        return records
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+            records[int(record["policy_version"])] = record
+        except (ValueError, KeyError, TypeError):
+            continue
+    return records

@@ -286,28 +286,33 @@ def test_two_trainer_ranks_with_zero3(zero3_run):
     assert (result.run_dir / "final" / "model.safetensors").exists()
 
 
-def replay_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pipelinerl.cli", "replay", *args], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "pipelinerl.cli", *args], capture_output=True, text=True, timeout=600
     )
 
 
 @pytest.mark.timeout(900)
 def test_a_replay_trains_the_recorded_steps_to_the_bit_and_a_what_if_the_same_batches(zero3_run, tmp_path):
-    """``pipelinerl replay`` from the checkpoint before version 3: both ZeRO-3 ranks train the recorded
-    batches of versions 3 and 4 again, and every token log-prob, loss, ESS, gradient norm and weight
-    tensor equals the record's; the same batches under CISPO at another learning rate train otherwise."""
+    """The run exported from its checkpoint before version 3 (``runs export``) and the bundle moved
+    elsewhere; ``pipelinerl replay`` of the bundle: both ZeRO-3 ranks train the recorded batches of
+    versions 3 and 4 again, and every token log-prob, loss, ESS, gradient norm and weight tensor equals
+    the record's. The same batches under CISPO at another learning rate train otherwise."""
     run_dir, records = zero3_run.result.run_dir, zero3_run.result.records
     assert any(record[metric.LOSS] != 0 for record in records[2:])  # steps with something to reproduce
-    check = replay_cli(str(run_dir), "--from", "3", "--out", str(tmp_path / "check"))
+    export = cli("runs", "export", str(run_dir), "--bundle", str(tmp_path / "bundle"), "--from", "3")
+    assert export.returncode == 0, export.stdout + export.stderr
+    (tmp_path / "elsewhere").mkdir()
+    bundle = (tmp_path / "bundle").rename(tmp_path / "elsewhere" / "bundle")
+    check = cli("replay", str(bundle), "--out", str(tmp_path / "check"))
     assert check.returncode == 0, check.stdout + check.stderr
     assert "every step agrees with the record to the bit (2 steps" in " ".join(check.stdout.split())
     replayed = [json.loads(line) for line in (tmp_path / "check" / "metrics.jsonl").read_text().splitlines()]
     assert [record[metric.POLICY_VERSION] for record in replayed] == [3, 4]
 
-    what_if = replay_cli(
-        str(run_dir), "--from", "3", "--set", "rl.loss=cispo", "--set", "trainer.learning_rate=0.01",
-        "--out", str(tmp_path / "cispo"),
+    what_if = cli(
+        "replay", str(run_dir), "--from", "3", "--set", "rl.loss=cispo",
+        "--set", "trainer.learning_rate=0.01", "--out", str(tmp_path / "cispo"),
     )  # fmt: skip
     assert what_if.returncode == 0, what_if.stdout + what_if.stderr
     assert "what-if replay of 2 steps, not checked" in " ".join(what_if.stdout.split())

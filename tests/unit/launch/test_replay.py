@@ -11,10 +11,17 @@ import numpy as np
 import pytest
 import torch
 
-from pipelinerl.launch.replay import WHAT_IF_KEYS, ReplayError, plan_replay, resume_point
+from pipelinerl.launch.replay import WHAT_IF_KEYS, ReplayError, plan_replay
 from pipelinerl.launch.replay_check import arrays_difference, check_replay, values_agree
 from pipelinerl.platform.batch_records import batch_record_path
-from pipelinerl.platform.checkpoint import CheckpointInfo, RunStart, checkpoint_dir, write_info, write_start
+from pipelinerl.platform.checkpoint import (
+    CheckpointInfo,
+    RunStart,
+    checkpoint_dir,
+    policy_at_or_before,
+    write_info,
+    write_start,
+)
 from pipelinerl.platform.config import load_config
 from pipelinerl.platform.step_digests import (
     StepDigests,
@@ -76,8 +83,8 @@ def digests(version: int, bump: float = 0.0) -> dict[str, str]:
 
 def test_the_replay_resumes_at_the_checkpoint_at_or_before_from(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", checkpoints=(3, 5))
-    assert resume_point(run_dir, 2)[1:] == (0, False)  # before the first checkpoint: the start
-    assert resume_point(run_dir, 4) == (checkpoint_dir(run_dir, 3), 3, True)
+    assert policy_at_or_before(run_dir, 2)[1:] == (0, False)  # before the first checkpoint: the start
+    assert policy_at_or_before(run_dir, 4) == (checkpoint_dir(run_dir, 3), 3, True)
     plan = plan_replay(run_dir, 4, None, [])
     assert (plan.first, plan.last, list(plan.versions)) == (3, 6, [4, 5, 6])
     assert plan.config.run.resume_from == checkpoint_dir(run_dir, 3) and not plan.what_if
