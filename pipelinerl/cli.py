@@ -18,6 +18,7 @@ from rich.console import Console
 
 from pipelinerl.bench.cli import bench_app
 from pipelinerl.flows.netns_cli import cluster_app
+from pipelinerl.launch.replay_cli import export_command, replay_command
 from pipelinerl.plan.cli import plan_app
 from pipelinerl.platform.tracking.db_cli import db_app, runs_app
 
@@ -220,105 +221,6 @@ def compare(
     print_comparison(console, result)
 
 
-@app.command()
-def replay(
-    run_dir: Annotated[Path, typer.Argument(help="The recorded run's directory.")],
-    from_: Annotated[
-        int | None,
-        typer.Option(
-            "--from", help="Resume at the checkpoint at or before this version (default: the start)."
-        ),
-    ] = None,
-    to: Annotated[
-        int | None, typer.Option("--to", help="The last version to train (default: the last).")
-    ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", "-s", help="What-if: another recipe on the same batches, section.key=value."),
-    ] = None,
-    tolerance: Annotated[
-        float, typer.Option(min=0.0, help="Relative tolerance of the check (0: every value to the bit).")
-    ] = 0.0,
-    out: Annotated[
-        Path | None, typer.Option(help="The replay's directory (default: RUN/replays/<time>).")
-    ] = None,
-    model: Annotated[
-        Path | None,
-        typer.Option(help="A local copy of the model the run started from (a bundle checks its digest)."),
-    ] = None,
-) -> None:
-    """Train a run's recorded steps (a run directory or a bundle: runs export) again from a checkpoint,
-    and check each step against the record (token log-probs, loss, ESS, gradient norm, the weights tensor
-    by tensor); with --set, train the same batches under another recipe and show both."""
-    from pipelinerl.launch.replay import ReplayError, default_master_port, plan_replay, run_replay
-    from pipelinerl.launch.replay_check import check_replay
-    from pipelinerl.launch.replay_view import print_replay
-
-    try:
-        plan = plan_replay(run_dir, from_, to, set_ or [], out, model)
-    except ReplayError as error:
-        console.print(f"[red]error:[/red] {error}", soft_wrap=True)
-        raise typer.Exit(2) from None
-    console.print(
-        f"replaying versions {plan.first + 1}..{plan.last} of {plan.source} from {plan.model_path} "
-        f"({plan.config.trainer.num_processes} rank(s)) into {plan.out}",
-        soft_wrap=True,
-        highlight=False,
-    )
-    with console.status("starting the replay") as spinner:
-        try:
-            run_replay(
-                plan,
-                default_master_port(plan.config.transport.host),
-                lambda done: spinner.update(f"replayed {done} of {len(plan.versions)} steps"),
-            )
-        except ReplayError as error:
-            console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
-            raise typer.Exit(1) from None
-    report = check_replay(
-        plan.source, plan.out, plan.versions, plan.config.trainer.num_processes, tolerance, plan.what_if
-    )
-    print_replay(console, report, plan.out)
-    if report.first_divergence is not None:
-        raise typer.Exit(1)
-
-
-@runs_app.command("export")
-def runs_export(
-    run_dir: Annotated[Path, typer.Argument(help="The run's directory.")],
-    bundle: Annotated[Path, typer.Option("--bundle", help="A new directory to write the bundle into.")],
-    from_: Annotated[
-        int | None, typer.Option("--from", help="First version a replay starts at (default: the start).")
-    ] = None,
-    to: Annotated[int | None, typer.Option("--to", help="Last version (default: the last recorded).")] = None,
-    with_model: Annotated[
-        bool, typer.Option(help="Copy the starting model in (else it is named by digest).")
-    ] = False,
-) -> None:
-    """Write what reproduces a run's training (checkpoint, batches, token data, weight digests, config,
-    metrics) into a bundle that `pipelinerl replay` reads on another machine."""
-    from pipelinerl.platform.bundles import BundleError, export_bundle
-    from pipelinerl.platform.checkpoint import CheckpointError
-    from pipelinerl.platform.config import PipelineConfig
-
-    source = run_dir.expanduser().resolve()
-    try:
-        ranks = PipelineConfig.model_validate_json((source / "config.json").read_text()).trainer.num_processes
-        with console.status("exporting") as spinner:
-            manifest = export_bundle(source, bundle.resolve(), ranks, from_, to, with_model, spinner.update)
-    except (BundleError, CheckpointError, OSError, ValueError) as error:
-        console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
-        raise typer.Exit(2) from None
-    size = sum(path.stat().st_size for path in bundle.rglob("*") if path.is_file())
-    console.print(
-        f"bundle of {manifest.run_id}, versions {manifest.first + 1}..{manifest.last}: {len(manifest.files)} "
-        f"files, {size / 2**20:.1f} MiB, in {bundle}; the starting model is "
-        + ("in it" if manifest.model_included else f"named by its digest {manifest.model_digest[:16]}…"),
-        soft_wrap=True,
-        highlight=False,
-    )
-
-
 config_app = typer.Typer(help="Inspect configurations.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
@@ -402,6 +304,8 @@ def doctor(
         raise typer.Exit(1)
 
 
+app.command("replay")(replay_command)
+runs_app.command("export")(export_command)
 app.add_typer(db_app, name="db", help="Migrate the platform database (Alembic): upgrade, downgrade, current.")
 app.add_typer(runs_app, name="runs", help="Runs recorded in the platform database: list, show.")
 app.add_typer(bench_app, name="bench")

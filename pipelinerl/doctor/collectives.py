@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from pipelinerl.doctor.checks import Check
 from pipelinerl.platform.config import PipelineConfig
-from pipelinerl.platform.stores import free_port
+from pipelinerl.platform.ports import free_port
 
 SECTION = "Collectives"
 MIB = 4.0

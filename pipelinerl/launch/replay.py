@@ -38,8 +38,8 @@ from pipelinerl.platform.bundles import BundleError, Manifest, bundle_start_mode
 from pipelinerl.platform.checkpoint import CheckpointError, policy_at_or_before, read_start
 from pipelinerl.platform.config import ConfigError, PipelineConfig, parse_override, with_overrides
 from pipelinerl.platform.jsonl import step_records
+from pipelinerl.platform.ports import free_port
 from pipelinerl.platform.step_digests import step_digests_path
-from pipelinerl.platform.stores import free_port
 
 REPLAYS_DIR = "replays"
 
@@ -275,3 +275,38 @@ def run_replay(plan: ReplayPlan, master_port: int, progress: Callable[[int], Non
 
 def default_master_port(host: str) -> int:
     return int(os.environ.get("PIPELINERL_REPLAY_PORT", 0)) or free_port(host)
+
+
+def track_what_if(plan: ReplayPlan, started_at: float) -> str | None:
+    """A what-if replay as a child of its source run, in MLflow and in the platform database, so the
+    dashboard's compare page and MLflow show it beside the run it replays; returns its run id (None:
+    a check replay, tracking off, or a source that was never tracked here, such as a bundle)."""
+    parent_file = plan.source / "mlflow_run_id"
+    if not plan.what_if or not plan.config.tracking.enabled or not parent_file.is_file():
+        return None
+    from pipelinerl.platform.tracking.db import database_url  # noqa: PLC0415
+    from pipelinerl.platform.tracking.run_tracker import RunTracker  # noqa: PLC0415 (MLflow, SQLAlchemy)
+    from pipelinerl.platform.tracking.store import PlatformStore  # noqa: PLC0415
+
+    with PlatformStore(database_url(plan.config)) as store:
+        try:
+            store.get_run(plan.source.name)
+            parent_run_id: str | None = plan.source.name
+        except LookupError:
+            parent_run_id = None  # the source's row is in another database: MLflow still nests it
+    run_id = f"{plan.source.name}-replay-{plan.out.name}"
+    changes = ", ".join(f"{key}={value}" for key, value in plan.changes.items())
+    tracker = RunTracker(
+        plan.config,
+        run_id,
+        parent_mlflow_run_id=parent_file.read_text().strip(),
+        parent_run_id=parent_run_id,
+        run_dir=plan.out,
+        label=f"what-if {changes} (v{plan.first + 1}..{plan.last})",
+    )
+    tracker.start(plan.model_path, started_at=started_at)
+    records = [record for _, record in sorted(step_records(plan.out).items())]
+    tracker.trainer_records(records)
+    summary = {"steps": len(records), "replay_of": plan.source.name, "changes": plan.changes}
+    tracker.finish("finished", summary)
+    return run_id

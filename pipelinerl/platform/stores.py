@@ -109,14 +109,6 @@ def holds_address(host: str) -> bool:
     return True
 
 
-def free_port(host: str) -> int:
-    """A port the kernel hands out on ``host`` now (bound to port 0, then released)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
-
-
 def address_towards(host: str) -> str | None:
     """The address of this machine that the kernel sends ``host``'s traffic from (the local end of a
     connected UDP socket: routing only, nothing is sent), or None where ``host`` is unreachable."""

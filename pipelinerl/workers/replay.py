@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -58,15 +59,23 @@ def replay(trainer: Trainer, source: Path, first: int, last: int) -> None:
         raise SystemExit(f"the replay resumed at version {trainer.policy_version}, not {first}")
     trainer.apply_learning_rate()  # the replay's trainer.learning_rate over the checkpoint's
     world = torch.distributed.get_world_size()
+    started = time.time()
     with (trainer.run_dir / "metrics.jsonl").open("a") as metrics:
         for version in range(first + 1, last + 1):
             batch = read_batch_record(batch_record_path(source, version, trainer.rank))
             batch = within_max_lag(batch, trainer.policy_version, config.rl.max_lag)
             if batch.sequences or world > 1:
                 record = trainer.train_step(batch)
+                record[registry.TIME] = time.time()
+                record[registry.WALL_S] = time.time() - started
             else:
                 trainer.policy_version += 1
-                record = {registry.STEP: version, registry.POLICY_VERSION: version, SKIPPED: 1}
+                record = {
+                    registry.STEP: version,
+                    registry.POLICY_VERSION: version,
+                    registry.TIME: time.time(),
+                    SKIPPED: 1,
+                }
                 logger.warning("version %d: no recorded sequence within rl.max_lag; step skipped", version)
             if trainer.rank == 0:
                 metrics.write(json.dumps(record) + "\n")

@@ -44,7 +44,9 @@ from pipelinerl.platform.config import PipelineConfig, load_config
 from pipelinerl.platform.curve_keys import KEYS_DIR, create_curve_keys, run_keys
 from pipelinerl.platform.dtypes import dtype_name
 from pipelinerl.platform.tracking import metric_registry as metric
+from pipelinerl.platform.tracking.db import database_url
 from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
+from pipelinerl.platform.tracking.store import PlatformStore
 from pipelinerl.platform.transport import Receiver, Sender
 from pipelinerl.platform.weights import WeightGroup
 from pipelinerl.platform.wire import Rollout, Shutdown, WeightDigests, WeightUpdate
@@ -321,6 +323,23 @@ def test_a_replay_trains_the_recorded_steps_to_the_bit_and_a_what_if_the_same_ba
         r[metric.TRAINER_SAMPLES] for r in records[2:]
     ]
     assert cispo[-1][metric.TRAINER_GRAD_NORM] != records[-1][metric.TRAINER_GRAD_NORM]
+    # Tracked as a child of the run: in MLflow beside it, and in the platform database for the dashboard.
+    assert "tracked as" in what_if.stdout
+    parent = (run_dir / "mlflow_run_id").read_text().strip()
+    client = MlflowClient(mlflow_uri(zero3_run.config))
+    [child] = client.search_runs(
+        [client.get_run(parent).info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'"
+    )
+    assert "what-if rl.loss=cispo, trainer.learning_rate=0.01" in child.info.run_name
+    losses = client.get_metric_history(child.info.run_id, metric.LOSS)
+    assert [(point.step, point.value) for point in losses] == [
+        (3, cispo[0][metric.LOSS]),
+        (4, cispo[1][metric.LOSS]),
+    ]
+    with PlatformStore(database_url(zero3_run.config)) as store:
+        [row] = store.child_runs(run_dir.name)
+        assert row.mlflow_run_id == child.info.run_id and row.status == "finished"
+        assert row.id.startswith(f"{run_dir.name}-replay-")
 
 
 def check_conventional_rounds(run: Run, ranks: int = 1) -> None:

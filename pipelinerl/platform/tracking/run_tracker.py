@@ -111,9 +111,11 @@ class RunTracker:
         parent_run_id: str | None = None,
         prefect_flow_run_id: str | None = None,
         run_dir: Path | None = None,
+        label: str | None = None,
     ) -> None:
         self.config = config
         self.run_id = run_id
+        self.label = label  # the MLflow run's name (default: the mode under a parent, else the run id)
         self.run_dir = run_dir
         self.parent_run_id = parent_run_id
         self.parent_mlflow_run_id = parent_mlflow_run_id
@@ -148,7 +150,7 @@ class RunTracker:
         self.mlflow_run_id = self.mlflow.start_run(
             config.run.name,
             # A comparison's children are told apart in MLflow's chart view by what they are.
-            config.mode_label() if self.parent_mlflow_run_id else self.run_id,
+            self.label or (config.mode_label() if self.parent_mlflow_run_id else self.run_id),
             run_tags(config, model_path, self.prefect_flow_run_id),
             self.parent_mlflow_run_id,
         )
