@@ -88,7 +88,17 @@ PIPELINE_EVAL_ROOM = ("run.max_steps=12", "transport.queue_size=8", "transport.s
 
 @pytest.fixture(scope="module")
 def math_qwen_style_run(tmp_path_factory, qwen_style_model_dir) -> Run:
-    return launch_once(tmp_path_factory.mktemp("math-qwen"), qwen_style_model_dir, "math-qwen_style", *MATH)
+    """Also the pipeline-mode run with in-run evaluation, where an update may land while a round is
+    written (its versions then differ by one or two)."""
+    return launch_once(
+        tmp_path_factory.mktemp("math-qwen"),
+        qwen_style_model_dir,
+        "math-qwen_style",
+        *MATH,
+        "run.mode=pipeline",
+        *IN_RUN_EVAL,
+        *PIPELINE_EVAL_ROOM,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -103,20 +113,6 @@ def math_llama_style_run(tmp_path_factory, llama_style_model_dir) -> Run:
         "run.mode=conventional",
         "run.train_during_round=true",
         *IN_RUN_EVAL,
-    )
-
-
-@pytest.fixture(scope="module")
-def eval_pipeline_run(tmp_path_factory, random_model_dir) -> Run:
-    """In-run evaluation in pipeline mode, where an update may land while a round is written (its
-    versions then differ by one or two)."""
-    return launch_once(
-        tmp_path_factory.mktemp("eval-pipeline"),
-        random_model_dir,
-        "eval-pipeline",
-        "run.mode=pipeline",
-        *IN_RUN_EVAL,
-        *PIPELINE_EVAL_ROOM,
     )
 
 
@@ -135,7 +131,7 @@ def test_math_on_a_chat_model_of_each_family(family, request):
 
 @pytest.mark.parametrize(
     ("mode", "run_name"),
-    [("pipeline", "eval_pipeline_run"), ("conventional", "math_llama_style_run")],
+    [("pipeline", "math_qwen_style_run"), ("conventional", "math_llama_style_run")],
     ids=["pipeline", "conventional"],
 )
 def test_held_out_evaluation_during_the_run_reaches_mlflow(mode, run_name, request):
