@@ -90,6 +90,23 @@ def prompt_position(group_id: str) -> tuple[int, int] | None:
     return None if match is None else (int(match[1]), int(match[2]))
 
 
+def with_position(ranges: list[tuple[int, int]], position: int) -> list[tuple[int, int]]:
+    """Sorted disjoint ``[start, end)`` ranges with ``position`` added (few: trained positions are
+    mostly contiguous, so this stays cheap)."""
+    return union_of_ranges([*ranges, (position, position + 1)])
+
+
+def union_of_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The positions of every range, as sorted disjoint ranges (touching ones joined)."""
+    union: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if union and start <= union[-1][1]:
+            union[-1] = (union[-1][0], max(union[-1][1], end))
+        else:
+            union.append((start, end))
+    return union
+
+
 class TrainedSoFar(BaseModel):
     """One trainer rank's share of what a policy was trained on."""
 
@@ -99,12 +116,31 @@ class TrainedSoFar(BaseModel):
     prompt_positions: dict[int, int] = Field(
         default_factory=dict, description="actor id -> stream position after its last trained group"
     )
+    trained_positions: dict[int, list[tuple[int, int]]] | None = Field(
+        None,
+        description="actor id -> the stream positions trained, as [start, end) ranges (None: a checkpoint "
+        "from before they were kept, which knows only prompt_positions)",
+    )
 
     def add(self, rollout_id: str, group_id: str) -> None:
         self.rollout_ids.append(rollout_id)
         if (where := prompt_position(group_id)) is not None:
             actor_id, position = where
             self.prompt_positions[actor_id] = max(self.prompt_positions.get(actor_id, 0), position + 1)
+            trained = self.trained_positions = self.trained_positions or {}
+            trained[actor_id] = with_position(trained.get(actor_id, []), position)
+
+    def untrained_before(self, actor_id: int) -> list[int]:
+        """The positions of ``actor_id``'s stream before ``prompt_positions`` that this policy was not
+        trained on (in flight, queued or dropped when it was saved): what a resumed actor hands out
+        again before going on. None known for a checkpoint from before they were kept."""
+        if self.trained_positions is None:
+            return []
+        untrained, next_free = [], 0
+        for start, end in self.trained_positions.get(actor_id, []):
+            untrained += range(next_free, start)
+            next_free = end
+        return untrained + list(range(next_free, self.prompt_positions.get(actor_id, 0)))
 
 
 def write_trained(directory: Path, rank: int, trained: TrainedSoFar) -> None:
@@ -122,6 +158,10 @@ def read_trained(directory: Path) -> TrainedSoFar:
         merged.rollout_ids.extend(share.rollout_ids)
         for actor_id, position in share.prompt_positions.items():
             merged.prompt_positions[actor_id] = max(merged.prompt_positions.get(actor_id, 0), position)
+        if share.trained_positions is not None:  # a group's members may have gone to several ranks
+            trained = merged.trained_positions = merged.trained_positions or {}
+            for actor_id, ranges in share.trained_positions.items():
+                trained[actor_id] = union_of_ranges([*trained.get(actor_id, []), *ranges])
     return merged
 
 

@@ -42,7 +42,7 @@ Threads, and who owns what:
 
 * **main** (``run``: ``run_pipeline`` or ``run_conventional``): the generation loop. It alone submits
   to and polls the engine, so ``engine.num_in_flight`` changes only here; it owns ``pending``, the
-  prompt stream and ``prompt_position``, ``eval_schedule``, the rollout socket, ``tokens_generated``
+  prompt stream (positions with their problems), ``eval_schedule``, the rollout socket, ``tokens_generated``
   and the idle clock (``idle_s``, ``idle_started``). In async mode it also loads the staged weights
   after a drain (``apply_staged``, under ``staged.lock``).
 * **weights** (``receive_weights``): the notice socket and, with transformers, the weight group. It
@@ -91,7 +91,7 @@ import torch
 import zmq
 from transformers import AutoTokenizer
 
-from pipelinerl.platform.checkpoint import read_trained, starting_version, train_group_id
+from pipelinerl.platform.checkpoint import TrainedSoFar, read_trained, starting_version, train_group_id
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.dtypes import policy_dtype_name
 from pipelinerl.platform.jsonl import JsonlWriter
@@ -126,7 +126,7 @@ from pipelinerl.workers.engines.protocol import (
     WorkersEngine,
 )
 from pipelinerl.workers.evaluation import EvalSchedule, eval_group_id
-from pipelinerl.workers.prompt_stream import prompt_stream
+from pipelinerl.workers.prompt_stream import resumed_stream
 from pipelinerl.workers.staged_weights import StagedWeights
 from pipelinerl.workers.stop_flag import StopFlag
 from pipelinerl.workers.update_phases import update_phases
@@ -177,16 +177,20 @@ class Actor:
         self.stop_strings = tuple(task.stop_strings)
         self.eos_token_ids = eos_token_ids(self.tokenizer, model_path)
         problems = task.problems("train", config.task.train_problems, config.run.seed)
-        # A resumed run: the stream goes on after the last group the checkpoint's policy trained on.
-        self.prompt_position = (
-            0
-            if config.run.resume_from is None
-            else read_trained(config.run.resume_from).prompt_positions.get(actor_id, 0)
-        )
-        if self.prompt_position:
-            logger.info("actor %d: prompt stream resumes at position %d", actor_id, self.prompt_position)
-        self.prompts = prompt_stream(
-            problems, config.run.seed, actor_id, config.actor.num_actors, start=self.prompt_position
+        # A resumed run: first the prompts handed out before the checkpoint and never trained into its
+        # policy (in flight, queued, dropped), then the stream after the last group it trained on.
+        trained = TrainedSoFar() if config.run.resume_from is None else read_trained(config.run.resume_from)
+        start, again = trained.prompt_positions.get(actor_id, 0), trained.untrained_before(actor_id)
+        if start:
+            logger.info(
+                "actor %d: prompt stream resumes at position %d, after %d earlier prompts its policy was "
+                "not trained on, handed out again first",
+                actor_id,
+                start,
+                len(again),
+            )
+        self.prompts = resumed_stream(
+            problems, config.run.seed, actor_id, config.actor.num_actors, start, again
         )
         prompt = prompt_format(self.tokenizer, config.model.chat_template, config.model.system_prompt)
         self.encode = lambda problem: encode_problem(self.tokenizer, problem, prompt)
@@ -437,9 +441,8 @@ class Actor:
     # ----- generation -----
 
     def submit_group(self) -> None:
-        problem = next(self.prompts)
-        group_id = train_group_id(self.actor_id, self.prompt_position, uuid.uuid4().hex[:16])
-        self.prompt_position += 1
+        position, problem = next(self.prompts)
+        group_id = train_group_id(self.actor_id, position, uuid.uuid4().hex[:16])
         prompt_ids = self.encode(problem)
         for _ in range(self.config.rl.group_size):
             request_id = uuid.uuid4().hex

@@ -27,3 +27,21 @@ def prompt_stream(
                 yield problems[int(index)]
 
     return itertools.islice(every_epoch(), start, None)
+
+
+def problem_at(problems: list[Problem], seed: int, actor_id: int, num_actors: int, position: int) -> Problem:
+    """The problem at ``position`` of actor ``actor_id``'s stream (``prompt_stream``'s order)."""
+    per_epoch = len(range(actor_id, len(problems), num_actors))
+    epoch, offset = divmod(position, per_epoch)
+    order = np.random.default_rng([seed, epoch]).permutation(len(problems))
+    return problems[int(order[actor_id::num_actors][offset])]
+
+
+def resumed_stream(
+    problems: list[Problem], seed: int, actor_id: int, num_actors: int, start: int, again: list[int]
+) -> Iterator[tuple[int, Problem]]:
+    """(position, problem) of a resumed actor's stream: first the positions in ``again`` (handed out
+    before the checkpoint, never trained into its policy), then the stream from ``start`` on."""
+    for position in again:
+        yield position, problem_at(problems, seed, actor_id, num_actors, position)
+    yield from enumerate(prompt_stream(problems, seed, actor_id, num_actors, start=start), start=start)

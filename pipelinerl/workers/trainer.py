@@ -260,7 +260,9 @@ class Trainer:
         trained = read_trained(directory)
         self.consumed.update(trained.rollout_ids)
         self.trained = TrainedSoFar(
-            rollout_ids=list(trained.rollout_ids), prompt_positions=trained.prompt_positions
+            rollout_ids=list(trained.rollout_ids),
+            prompt_positions=trained.prompt_positions,
+            trained_positions=trained.trained_positions,
         )
         if (directory / OPTIMIZER_DIR).is_dir():
             self.engine.load_checkpoint(

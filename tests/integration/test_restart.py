@@ -21,7 +21,8 @@ import psutil
 import pytest
 
 from pipelinerl.launch.launcher import RunResult, StageFailed, launch
-from pipelinerl.platform.checkpoint import checkpoint_dir, read_info, read_trained
+from pipelinerl.platform.batch_records import batch_record_path, read_batch_record
+from pipelinerl.platform.checkpoint import checkpoint_dir, prompt_position, read_info, read_trained
 from pipelinerl.platform.tracking.db import database_url
 from pipelinerl.platform.tracking.store import PlatformStore
 from tests.conftest import wait_until, worker_port
@@ -258,6 +259,28 @@ def test_no_rollout_is_trained_twice_and_each_checkpoint_knew_what_it_was_traine
         position = before.prompt_positions[0]
         assert position > 0
         assert f"actor 0: prompt stream resumes at position {position}" in actor_log, attempt
+
+
+def test_no_prompt_is_skipped_or_trained_twice_across_the_restarts(restarted):
+    """Every stream position below the last one trained is trained exactly once in the surviving
+    lineage: a resumed actor hands out again, first, what its checkpoint's policy was not trained on
+    (none here: this run's groups finish in order, so each checkpoint's trained positions are
+    contiguous; out-of-order completion and drops leave gaps, ``test_trained_so_far.py`` and
+    ``test_prompt_stream.py``), then goes on after the last position trained."""
+    trained: dict[int, set[str]] = {}  # stream position -> the train groups of it in the lineage
+    for version in range(1, MAX_STEPS + 1):
+        for sequence in read_batch_record(batch_record_path(restarted.run_dir, version, 0)).sequences:
+            where = prompt_position(sequence.group_id)
+            assert where is not None and where[0] == 0, sequence.group_id
+            trained.setdefault(where[1], set()).add(sequence.group_id)
+    assert all(len(groups) == 1 for groups in trained.values()), "a prompt trained twice"
+    assert sorted(trained) == list(range(max(trained) + 1)), "a prompt skipped"
+    actor_log = (restarted.run_dir / "logs" / "actor0.log").read_text()
+    for attempt in range(1, len(restarted.resumed) + 1):
+        before = read_trained(restarted.checkpoint(attempt))
+        again = before.untrained_before(0)
+        message = f"resumes at position {before.prompt_positions[0]}, after {len(again)} earlier prompts"
+        assert message in actor_log, attempt
 
 
 def test_the_platform_database_holds_the_surviving_versions(restarted):
