@@ -14,11 +14,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from tests.conftest import worker_port
+from tests.integration.test_damaged_input import ACTOR_CLOSING_LINE
+from tests.integration.test_pipeline import check_records_against_token_data
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -27,6 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 class Bench:
     record: dict[str, Any]
     stdout: str
+    runs_dir: Path  # the two runs' directories (run.output_dir)
 
     @property
     def rows(self) -> dict[str, dict[str, Any]]:
@@ -35,6 +39,12 @@ class Bench:
     @property
     def flooded(self) -> dict[str, Any]:
         return self.rows["flooded"]
+
+    def run_dir(self, kind: str) -> Path:
+        return self.runs_dir / self.rows[kind]["run_id"]
+
+    def jsonl(self, kind: str, name: str) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in (self.run_dir(kind) / name).read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +67,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory, random_model_dir: Path) -> B
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=540, env=dict(os.environ))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return Bench(json.loads(out.read_text()), done.stdout)
+    return Bench(json.loads(out.read_text()), done.stdout, tmp_path / "runs")
 
 
 def test_the_record_has_both_runs_each_trained_all_its_steps(bench: Bench) -> None:
@@ -126,3 +136,29 @@ def test_the_preprocessor_memory_stayed_bounded_under_the_flood(bench: Bench) ->
 def test_both_runs_measured_their_learning(bench: Bench) -> None:
     for kind, row in bench.rows.items():
         assert row["success_start"] is not None and row["success_end"] is not None, kind
+
+
+def test_every_stage_of_the_flooded_run_kept_running_to_the_end(bench: Bench) -> None:
+    logs = bench.run_dir("flooded") / "logs"
+    assert ACTOR_CLOSING_LINE.search((logs / "actor0.log").read_text()), (
+        "the actor was stopped, it did not end"
+    )
+    for name in ("preprocessor.log", "trainer0.log", "actor0.log"):
+        assert "Traceback" not in (logs / name).read_text(), name
+
+
+def test_an_oversized_part_drops_its_connection_and_is_counted(bench: Bench) -> None:
+    assert bench.flooded["peer_disconnects"] >= 1, bench.flooded
+
+
+def test_never_completing_groups_are_bounded_under_the_flood(bench: Bench) -> None:
+    """The flood's groups that never complete are dropped past the bound (``rl``'s incomplete-group
+    limit), so the preprocessor's queue stays bounded however many come."""
+    queued = [record["queue/rollouts"] for record in bench.jsonl("flooded", "preprocessor.jsonl")]
+    assert max(queued) <= 64, queued
+
+
+@pytest.mark.parametrize("kind", ["undisturbed", "flooded"])
+def test_each_run_statistics_are_what_its_tokens_say(bench: Bench, kind: str) -> None:
+    run = SimpleNamespace(run_dir=bench.run_dir(kind), records=bench.jsonl(kind, "metrics.jsonl"))
+    check_records_against_token_data(run)
