@@ -18,7 +18,7 @@ from rich.console import Console
 
 from pipelinerl.bench.cli import bench_app
 from pipelinerl.flows.netns_cli import cluster_app
-from pipelinerl.launch.replay_cli import export_command, replay_command
+from pipelinerl.launch.replay_cli import audit_command, export_command, replay_command
 from pipelinerl.plan.cli import plan_app
 from pipelinerl.platform.tracking.db_cli import db_app, runs_app
 
@@ -306,6 +306,7 @@ def doctor(
 
 app.command("replay")(replay_command)
 runs_app.command("export")(export_command)
+runs_app.command("audit")(audit_command)
 app.add_typer(db_app, name="db", help="Migrate the platform database (Alembic): upgrade, downgrade, current.")
 app.add_typer(runs_app, name="runs", help="Runs recorded in the platform database: list, show.")
 app.add_typer(bench_app, name="bench")

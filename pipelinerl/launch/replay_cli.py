@@ -1,5 +1,6 @@
-"""``pipelinerl replay`` and ``pipelinerl runs export``: the commands of a run's replay (``launch/replay``)
-and of its portable bundle (``platform/bundles``). torch, DeepSpeed and MLflow load only in the replay's
+"""``pipelinerl replay``, ``pipelinerl runs export`` and ``pipelinerl runs audit``: the commands over a
+run's records: its replay (``launch/replay``), its portable bundle (``platform/bundles``) and the audit of
+its prompts (``platform/prompt_records``). torch, DeepSpeed and MLflow load only in the replay's
 processes and its tracking, never at ``--help``."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from pipelinerl.launch.replay import ReplayError, default_master_port, plan_replay, run_replay, track_what_if
 from pipelinerl.launch.replay_check import check_replay
@@ -17,6 +19,7 @@ from pipelinerl.launch.replay_view import print_replay
 from pipelinerl.platform.bundles import BundleError, export_bundle
 from pipelinerl.platform.checkpoint import CheckpointError
 from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.prompt_records import PromptAuditError, audit_run
 
 console = Console()
 
@@ -120,4 +123,44 @@ def export_command(
         + ("in it" if manifest.model_included else f"named by its digest {manifest.model_digest[:16]}…"),
         soft_wrap=True,
         highlight=False,
+    )
+
+
+def audit_command(run_dir: Annotated[Path, typer.Argument(help="The run's directory.")]) -> None:
+    """Check that every prompt the run's actors handed out was trained exactly once in the surviving
+    lineage, or dropped with its reason, or was in flight at the end; print what is off (exit 1)."""
+    source = run_dir.expanduser().resolve()
+    try:
+        ranks = PipelineConfig.model_validate_json((source / "config.json").read_text()).trainer.num_processes
+        audit = audit_run(source, ranks)
+    except (PromptAuditError, OSError, ValueError) as error:
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
+    table = Table(title=f"prompts of {source.name} ({audit.versions} steps in the surviving lineage)")
+    columns = ("actor", "handed out", "trained once", "dropped", "in flight at the end", "not reached again")
+    for column in (*columns, "skipped", "twice"):
+        table.add_column(column, justify="right")
+    for actor in audit.actors:
+        dropped = ", ".join(f"{n} {reason}" for reason, n in sorted(actor.dropped.items())) or "0"
+        table.add_row(
+            str(actor.actor_id),
+            str(actor.handed_out),
+            str(actor.trained_once),
+            dropped,
+            str(len(actor.in_flight_at_end)),
+            str(len(actor.not_reached)),
+            f"[red]{len(actor.skipped)}[/red]" if actor.skipped else "0",
+            f"[red]{len(actor.trained_twice)}[/red]" if actor.trained_twice else "0",
+        )
+    console.print(table)
+    for actor in audit.actors:
+        if actor.skipped:
+            console.print(f"[red]actor {actor.actor_id}: skipped positions[/red] {actor.skipped[:20]}")
+        if actor.trained_twice:
+            console.print(f"[red]actor {actor.actor_id}: trained twice[/red] {actor.trained_twice[:20]}")
+    if not audit.ok:
+        raise typer.Exit(1)
+    console.print(
+        "[green]every prompt handed out was trained once, dropped with its reason, in flight at the "
+        "end, or beyond where the surviving attempt got[/green]"
     )

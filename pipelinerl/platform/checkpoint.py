@@ -136,7 +136,8 @@ class TrainedSoFar(BaseModel):
         again before going on. None known for a checkpoint from before they were kept."""
         if self.trained_positions is None:
             return []
-        untrained, next_free = [], 0
+        untrained: list[int] = []
+        next_free = 0
         for start, end in self.trained_positions.get(actor_id, []):
             untrained += range(next_free, start)
             next_free = end

@@ -74,6 +74,7 @@ VERSIONED_FILES: dict[str, Callable[[dict[str, Any]], int]] = {
     "metrics.jsonl": _version,
     "eval.jsonl": _version,
     "preprocessor.jsonl": _fed_version,
+    "prompts/dropped.jsonl": _fed_version,  # a drop while building step s's batch: version s + 1's
 }
 ACTOR_FILES = "actor*.jsonl"
 

@@ -91,11 +91,12 @@ import torch
 import zmq
 from transformers import AutoTokenizer
 
-from pipelinerl.platform.checkpoint import TrainedSoFar, read_trained, starting_version, train_group_id
+from pipelinerl.platform.checkpoint import starting_version, train_group_id
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.dtypes import policy_dtype_name
 from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.numbering import actor_sender
+from pipelinerl.platform.prompt_records import handed_out_path
 from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.transport import Receiver, Sender, run_keys
 from pipelinerl.platform.weights import (
@@ -126,7 +127,7 @@ from pipelinerl.workers.engines.protocol import (
     WorkersEngine,
 )
 from pipelinerl.workers.evaluation import EvalSchedule, eval_group_id
-from pipelinerl.workers.prompt_stream import resumed_stream
+from pipelinerl.workers.prompt_stream import actor_prompts
 from pipelinerl.workers.staged_weights import StagedWeights
 from pipelinerl.workers.stop_flag import StopFlag
 from pipelinerl.workers.update_phases import update_phases
@@ -177,21 +178,7 @@ class Actor:
         self.stop_strings = tuple(task.stop_strings)
         self.eos_token_ids = eos_token_ids(self.tokenizer, model_path)
         problems = task.problems("train", config.task.train_problems, config.run.seed)
-        # A resumed run: first the prompts handed out before the checkpoint and never trained into its
-        # policy (in flight, queued, dropped), then the stream after the last group it trained on.
-        trained = TrainedSoFar() if config.run.resume_from is None else read_trained(config.run.resume_from)
-        start, again = trained.prompt_positions.get(actor_id, 0), trained.untrained_before(actor_id)
-        if start:
-            logger.info(
-                "actor %d: prompt stream resumes at position %d, after %d earlier prompts its policy was "
-                "not trained on, handed out again first",
-                actor_id,
-                start,
-                len(again),
-            )
-        self.prompts = resumed_stream(
-            problems, config.run.seed, actor_id, config.actor.num_actors, start, again
-        )
+        self.prompts = actor_prompts(config, problems, actor_id)  # a resumed run's too
         prompt = prompt_format(self.tokenizer, config.model.chat_template, config.model.system_prompt)
         self.encode = lambda problem: encode_problem(self.tokenizer, problem, prompt)
         # In-run evaluation (eval.every) is actor 0's: the eval sets through this engine.
@@ -252,6 +239,9 @@ class Actor:
         self.idle_s = 0.0  # finished idle periods; one may be under way (idle_started)
         self.idle_started: float | None = None
         self.metrics = JsonlWriter(run_dir / f"actor{actor_id}.jsonl")
+        # Every train group handed out, with this attempt's start (platform/prompt_records: runs audit).
+        self.handed_out = JsonlWriter(handed_out_path(run_dir, actor_id))
+        self.started_at = time.time()
         self._last_report = (time.monotonic(), 0, 0.0)  # (when, tokens, idle seconds)
         self._report_lock = threading.Lock()  # async mode: the main thread loads, the weights thread refuses
         self.buckets_refused = 0  # weight buckets whose bytes did not match the trainer's digest
@@ -443,6 +433,7 @@ class Actor:
     def submit_group(self) -> None:
         position, problem = next(self.prompts)
         group_id = train_group_id(self.actor_id, position, uuid.uuid4().hex[:16])
+        self.handed_out.write({"position": position, "group_id": group_id, "started_at": self.started_at})
         prompt_ids = self.encode(problem)
         for _ in range(self.config.rl.group_size):
             request_id = uuid.uuid4().hex

@@ -45,6 +45,7 @@ from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.curve_keys import CurveKeys
 from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.numbering import actor_sender
+from pipelinerl.platform.prompt_records import dropped_prompts_path
 from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.transport import Receiver, Sender, run_keys
 from pipelinerl.platform.wire import (
@@ -128,6 +129,13 @@ class BatchBuilder:
     evicted: OrderedDict[str, None] = field(default_factory=OrderedDict)  # recently dropped incomplete groups
     labels: Counter[str] = field(default_factory=Counter)  # scored rollouts by label, since the start
     dropped: Counter[str] = field(default_factory=Counter)  # samples dropped: "zero_variance", "stale"
+    drops: list[dict[str, Any]] = field(default_factory=list)  # each drop's group and reason, not yet written
+
+    def _drop(self, group_id: str, reason: str, rollouts: int) -> None:
+        """Count the drop, and keep it for the prompt records (which prompt lost what, and why)."""
+        self.dropped[reason] += rollouts
+        step = self.start_version + self.batches_made // self.ranks
+        self.drops.append({"group_id": group_id, "reason": reason, "rollouts": rollouts, registry.STEP: step})
 
     def reject(self, rollout: Rollout, reason: str) -> None:
         """Count and log a rollout refused at the stage boundary."""
@@ -185,7 +193,7 @@ class BatchBuilder:
         while len(self.groups) > self.max_incomplete_groups:
             group_id, members = next(iter(self.groups.items()))
             del self.groups[group_id]
-            self.dropped["incomplete_group"] += len(members)
+            self._drop(group_id, "incomplete_group", len(members))
             self.evicted[group_id] = None
             while len(self.evicted) > self.max_incomplete_groups:
                 self.evicted.popitem(last=False)
@@ -208,7 +216,7 @@ class BatchBuilder:
             taken += 1
             versions = sequence.token_versions
             if self.max_lag is not None and len(versions) and trained_at - int(versions.min()) > self.max_lag:
-                self.dropped["stale"] += 1  # only gets staler: dropped for good
+                self._drop(sequence.group_id, "stale", 1)  # only gets staler: dropped for good
                 logger.info(
                     "rollout %s dropped: lag %d > rl.max_lag",
                     sequence.rollout_id,
@@ -235,7 +243,7 @@ class BatchBuilder:
             for score, r in zip(scores, group, strict=True)
         ]
         if self.drop_zero_variance_groups and len(set(rewards)) == 1:
-            self.dropped["zero_variance"] += len(group)  # equal rewards: zero advantages, no signal
+            self._drop(group[0].group_id, "zero_variance", len(group))  # equal rewards: no signal
             return []
         advantages = leave_one_out_advantages(
             np.array([rewards], dtype=np.float32), normalize_std=self.normalize_advantages
@@ -490,6 +498,7 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
     barrier = RoundBarrier(batches_per_round(config))
     metrics = JsonlWriter(run_dir / "preprocessor.jsonl")
     eval_records = JsonlWriter(run_dir / "eval.jsonl")
+    dropped = JsonlWriter(dropped_prompts_path(run_dir))  # which prompt lost what, and why (runs audit)
     try:
         while True:
             if trainer.read(notices):
@@ -515,7 +524,10 @@ def run(config: PipelineConfig, run_dir: Path) -> None:
                         record[registry.name_of(registry.EVAL_PASS_AT, k=1)],
                     )
             elif isinstance(message, Rollout):
-                for batch in barrier.add(builder.add(message, trainer.version)):
+                built, drops, builder.drops = builder.add(message, trainer.version), builder.drops, []
+                for drop in drops:
+                    dropped.write({**drop, registry.TIME: time.time()})
+                for batch in barrier.add(built):
                     step = batch.batch_index // len(inboxes)  # the optimizer step it feeds
                     # Hold the batch (and so, upstream, the actors) until the trainer is close enough.
                     held_from = time.monotonic()

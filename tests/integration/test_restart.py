@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +23,8 @@ import psutil
 import pytest
 
 from pipelinerl.launch.launcher import RunResult, StageFailed, launch
-from pipelinerl.platform.batch_records import batch_record_path, read_batch_record
-from pipelinerl.platform.checkpoint import checkpoint_dir, prompt_position, read_info, read_trained
+from pipelinerl.platform.checkpoint import checkpoint_dir, read_info, read_trained
+from pipelinerl.platform.prompt_records import audit_run
 from pipelinerl.platform.tracking.db import database_url
 from pipelinerl.platform.tracking.store import PlatformStore
 from tests.conftest import wait_until, worker_port
@@ -170,6 +172,10 @@ def restarted(tmp_path_factory, random_model_dir) -> Restarted:
         f"run.max_steps={MAX_STEPS}",
         f"run.max_restarts={len(KILLED)}",
         f"trainer.checkpoint_every={CHECKPOINT_EVERY}",
+        # Groups whose four rewards are equal are dropped (about one in seven here): prompts a checkpoint's
+        # policy was not trained on though later ones were, which a resumed actor must hand out again.
+        "rl.truncated=penalise",
+        "rl.drop_zero_variance_groups=true",
     )
     run_id = "restart"
     run_dir = tmp_path / run_id
@@ -262,25 +268,36 @@ def test_no_rollout_is_trained_twice_and_each_checkpoint_knew_what_it_was_traine
 
 
 def test_no_prompt_is_skipped_or_trained_twice_across_the_restarts(restarted):
-    """Every stream position below the last one trained is trained exactly once in the surviving
-    lineage: a resumed actor hands out again, first, what its checkpoint's policy was not trained on
-    (none here: this run's groups finish in order, so each checkpoint's trained positions are
-    contiguous; out-of-order completion and drops leave gaps, ``test_trained_so_far.py`` and
-    ``test_prompt_stream.py``), then goes on after the last position trained."""
-    trained: dict[int, set[str]] = {}  # stream position -> the train groups of it in the lineage
-    for version in range(1, MAX_STEPS + 1):
-        for sequence in read_batch_record(batch_record_path(restarted.run_dir, version, 0)).sequences:
-            where = prompt_position(sequence.group_id)
-            assert where is not None and where[0] == 0, sequence.group_id
-            trained.setdefault(where[1], set()).add(sequence.group_id)
-    assert all(len(groups) == 1 for groups in trained.values()), "a prompt trained twice"
-    assert sorted(trained) == list(range(max(trained) + 1)), "a prompt skipped"
+    """``pipelinerl runs audit``: every prompt the actor handed out, in any attempt, was trained exactly
+    once in the surviving lineage, dropped with its reason (equal rewards here), or in flight at the end.
+    A resumed actor hands out again, first, the prompts its checkpoint's policy was not trained on though
+    it was trained on later ones (dropped, or in flight when the checkpoint was saved)."""
+    audit = audit_run(restarted.run_dir, ranks=1)
+    [actor] = audit.actors
+    print("prompt audit:", actor)
+    assert actor.skipped == [] and actor.trained_twice == [], actor
+    assert actor.trained_once >= MAX_STEPS * BATCH // restarted.config.rl.group_size
+    assert actor.dropped["zero_variance"] >= 1, actor
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelinerl.cli", "runs", "audit", str(restarted.run_dir)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and "skipped" in done.stdout, done.stdout + done.stderr
+    handed = [
+        json.loads(line) for line in (restarted.run_dir / "prompts" / "actor0.jsonl").read_text().splitlines()
+    ]
+    attempts = sorted({record["started_at"] for record in handed})
+    assert len(attempts) == len(KILLED) + 1, "one actor process per attempt"
     actor_log = (restarted.run_dir / "logs" / "actor0.log").read_text()
     for attempt in range(1, len(restarted.resumed) + 1):
         before = read_trained(restarted.checkpoint(attempt))
         again = before.untrained_before(0)
         message = f"resumes at position {before.prompt_positions[0]}, after {len(again)} earlier prompts"
         assert message in actor_log, attempt
+        # The next attempt's first hand-outs are exactly those, then the stream after the checkpoint's.
+        first = [r["position"] for r in handed if r["started_at"] == attempts[attempt]][: len(again) + 1]
+        assert first == [*again, before.prompt_positions[0]], (attempt, first, again)
+    assert any(read_trained(restarted.checkpoint(a)).untrained_before(0) for a in (1, 2, 3)), "no gap to fill"
 
 
 def test_the_platform_database_holds_the_surviving_versions(restarted):

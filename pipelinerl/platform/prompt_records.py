@@ -1,0 +1,164 @@
+"""Every prompt a run handed out, and what became of it: the records ``pipelinerl runs audit`` checks.
+
+A run's records of its train prompts, under ``prompts/`` in the run directory:
+
+* ``actor<k>.jsonl``: one line per train group actor ``k`` handed out: its stream position, its group
+  id (``a<k>-p<position>-<nonce>``) and when the actor process started (which attempt of the run it
+  was). A restart does not cut it: a prompt handed out is a fact of the run's history.
+* ``dropped.jsonl``: one line per drop by the preprocessor: the group, the reason (``zero_variance``,
+  ``stale`` for ``rl.max_lag``, ``incomplete_group`` past the bound on incomplete groups), how many of
+  its rollouts, and the step it was building. A restart moves the drops of discarded steps aside with
+  the rest of their records (``restart_records``).
+
+What was trained is read from the surviving lineage's batch records (``batches/``, the exact batches
+the steps trained, ``trainer.record_batches``).
+
+``audit_prompts`` (pure over those records) says, per actor, for every stream position ever handed
+out: trained once in the surviving lineage, trained twice (two train groups of one prompt: an error),
+dropped (with the reasons), in flight at the end (handed out by the last attempt and not trained when
+the run ended), not reached again (handed out by an attempt that did not survive, beyond where the last
+attempt's stream got before the end), or **skipped**: handed out by an attempt that did not survive,
+below where the last attempt got, and never trained, dropped or handed out again (an error: the loss a
+resume must not cause).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelinerl.platform.batch_records import batch_record_path, read_batch_record
+from pipelinerl.platform.checkpoint import prompt_position
+from pipelinerl.platform.jsonl import step_records
+
+PROMPTS_DIR = "prompts"
+
+
+def handed_out_path(run_dir: Path, actor_id: int) -> Path:
+    return run_dir / PROMPTS_DIR / f"actor{actor_id}.jsonl"
+
+
+def dropped_prompts_path(run_dir: Path) -> Path:
+    return run_dir / PROMPTS_DIR / "dropped.jsonl"
+
+
+class PromptAuditError(ValueError):
+    """A run whose prompts cannot be audited; the message names what is missing."""
+
+
+@dataclass
+class ActorAudit:
+    """One actor's prompts: every position handed out, by what became of it."""
+
+    actor_id: int
+    handed_out: int = 0
+    trained_once: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)  # prompts never trained, by the drop's reason
+    in_flight_at_end: list[int] = field(default_factory=list)
+    # Handed out by an attempt that did not survive, beyond where the last attempt's stream got before
+    # the run ended: the surviving lineage never reached them (a longer run would hand them out again).
+    not_reached: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    trained_twice: list[int] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.skipped and not self.trained_twice
+
+
+@dataclass(frozen=True)
+class PromptAudit:
+    actors: list[ActorAudit]
+    versions: int  # the surviving lineage's steps read
+
+    @property
+    def ok(self) -> bool:
+        return all(actor.ok for actor in self.actors)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    text = path.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
+def trained_groups(run_dir: Path, ranks: int) -> dict[tuple[int, int], set[str]]:
+    """(actor, position) -> the train groups of that prompt trained in the surviving lineage."""
+    trained: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for version in sorted(step_records(run_dir)):
+        for rank in range(ranks):
+            path = batch_record_path(run_dir, version, rank)
+            if not path.is_file():
+                raise PromptAuditError(
+                    f"{path} is missing: the audit reads what each step trained from its batch records "
+                    "(trainer.record_batches)"
+                )
+            for sequence in read_batch_record(path).sequences:
+                if (where := prompt_position(sequence.group_id)) is not None:
+                    trained[where].add(sequence.group_id)
+    return trained
+
+
+def audit_prompts(
+    handed_out: dict[int, list[dict[str, Any]]],
+    trained: dict[tuple[int, int], set[str]],
+    dropped: list[dict[str, Any]],
+    versions: int,
+) -> PromptAudit:
+    """The audit of every actor's ``handed_out`` records against the lineage's ``trained`` groups and
+    its ``dropped`` records (pure)."""
+    reasons: dict[tuple[int, int], Counter[str]] = defaultdict(Counter)
+    for drop in dropped:
+        if (where := prompt_position(str(drop.get("group_id", "")))) is not None:
+            reasons[where][str(drop.get("reason", "unknown"))] += 1
+    audits = []
+    for actor_id, records in sorted(handed_out.items()):
+        audit = ActorAudit(actor_id)
+        last_attempt = max(float(record["started_at"]) for record in records)
+        attempts_of: dict[int, set[float]] = defaultdict(set)
+        for record in records:
+            attempts_of[int(record["position"])].add(float(record["started_at"]))
+        reached = max(position for position, attempts in attempts_of.items() if last_attempt in attempts)
+        audit.handed_out = len(attempts_of)
+        for position, attempts in sorted(attempts_of.items()):
+            groups = trained.get((actor_id, position), set())
+            if len(groups) == 1:
+                audit.trained_once += 1
+            elif len(groups) > 1:
+                audit.trained_twice.append(position)
+            elif reasons.get((actor_id, position)):
+                audit.dropped[reasons[(actor_id, position)].most_common(1)[0][0]] += 1
+            elif last_attempt in attempts:
+                audit.in_flight_at_end.append(position)
+            elif position > reached:
+                audit.not_reached.append(position)
+            else:
+                audit.skipped.append(position)
+        audits.append(audit)
+    return PromptAudit(audits, versions)
+
+
+def audit_run(run_dir: Path, ranks: int) -> PromptAudit:
+    """Read ``run_dir``'s prompt records and batch records and audit them."""
+    prompts = run_dir / PROMPTS_DIR
+    handed = {
+        int(path.stem.removeprefix("actor")): _lines(path)
+        for path in sorted(prompts.glob("actor*.jsonl"))
+        if path.stem.removeprefix("actor").isdigit()
+    }
+    if not any(handed.values()):
+        raise PromptAuditError(
+            f"{str(run_dir)!r} has no record of the prompts its actors handed out "
+            f"({PROMPTS_DIR}/actor<k>.jsonl): a run from before they were kept, or one that started no actor"
+        )
+    trained = trained_groups(run_dir, ranks)
+    return audit_prompts(
+        {k: v for k, v in handed.items() if v},
+        trained,
+        _lines(dropped_prompts_path(run_dir)),
+        len(step_records(run_dir)),
+    )

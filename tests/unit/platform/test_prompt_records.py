@@ -1,0 +1,66 @@
+"""The prompt audit (``platform/prompt_records.py``) on records written here: every prompt handed out
+is trained once, dropped with its reason, in flight at the end or not reached again; a prompt skipped
+by a resume or trained twice is found and named."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipelinerl.platform.checkpoint import train_group_id
+from pipelinerl.platform.prompt_records import audit_prompts
+
+
+def handed(positions: list[int], attempt: float) -> list[dict[str, Any]]:
+    return [
+        {"position": p, "group_id": train_group_id(0, p, f"{int(attempt)}a"), "started_at": attempt}
+        for p in positions
+    ]
+
+
+def trained(*groups: tuple[int, str]) -> dict[tuple[int, int], set[str]]:
+    found: dict[tuple[int, int], set[str]] = {}
+    for position, nonce in groups:
+        found.setdefault((0, position), set()).add(train_group_id(0, position, nonce))
+    return found
+
+
+def test_a_resume_that_hands_out_its_gaps_again_passes_the_audit() -> None:
+    # Attempt 1 handed out 0..7; its checkpoint had trained 0, 1, 3 (2 was dropped, 4 still in flight);
+    # attempt 2 handed out 2 and 4 again first, then 5..9, and the run ended with 9 in flight.
+    records = handed(list(range(8)), 1.0) + handed([2, 4, 5, 6, 7, 8, 9], 2.0)
+    lineage = trained((0, "1a"), (1, "1a"), (3, "1a"), (4, "2a"), (5, "2a"), (6, "2a"), (7, "2a"), (8, "2a"))
+    dropped = [{"group_id": train_group_id(0, 2, "1a"), "reason": "zero_variance"}]
+    [actor] = audit_prompts({0: records}, lineage, dropped, versions=4).actors
+    assert actor.ok and actor.handed_out == 10 and actor.trained_once == 8
+    assert actor.dropped == {"zero_variance": 1} and actor.in_flight_at_end == [9]
+    assert actor.skipped == [] and actor.not_reached == []
+
+
+def test_a_resume_that_skips_what_its_checkpoint_had_not_trained_is_caught() -> None:
+    # The old resume: attempt 2 went on after the last position trained (4) and never handed 2 again.
+    records = handed([0, 1, 2, 3, 4], 1.0) + handed([5, 6, 7], 2.0)
+    lineage = trained((0, "1a"), (1, "1a"), (3, "1a"), (4, "1a"), (5, "2a"), (6, "2a"))
+    [actor] = audit_prompts({0: records}, lineage, [], versions=3).actors
+    assert not actor.ok and actor.skipped == [2] and actor.in_flight_at_end == [7]
+
+
+def test_a_prompt_trained_as_two_groups_is_trained_twice() -> None:
+    records = handed([0, 1], 1.0) + handed([1, 2], 2.0)
+    lineage = trained((0, "1a"), (1, "1a"), (1, "2a"), (2, "2a"))
+    [actor] = audit_prompts({0: records}, lineage, [], versions=2).actors
+    assert not actor.ok and actor.trained_twice == [1] and actor.trained_once == 2
+
+
+def test_what_a_discarded_attempt_handed_beyond_where_the_last_one_got_was_not_reached() -> None:
+    # Attempt 1 reached position 9 before it was cut back; attempt 2 (the last) ended at 6.
+    records = handed(list(range(10)), 1.0) + handed([4, 5, 6], 2.0)
+    lineage = trained(*[(p, "1a") for p in range(4)], (4, "2a"), (5, "2a"))
+    [actor] = audit_prompts({0: records}, lineage, [], versions=3).actors
+    assert actor.ok and actor.in_flight_at_end == [6] and actor.not_reached == [7, 8, 9]
+
+
+def test_drops_of_other_groups_and_strangers_are_ignored() -> None:
+    records = handed([0, 1], 1.0)
+    dropped = [{"group_id": "stranger-group", "reason": "incomplete_group"}, {"reason": "stale"}]
+    [actor] = audit_prompts({0: records}, trained((0, "1a")), dropped, versions=1).actors
+    assert actor.ok and actor.in_flight_at_end == [1] and not actor.dropped
