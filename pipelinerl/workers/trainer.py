@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 import torch
 import zmq
-from torch.distributed.constants import default_pg_timeout
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipelinerl.platform.batch_records import batch_record_path, trained_subset, write_batch_record
@@ -58,7 +57,6 @@ from pipelinerl.platform.step_digests import (
     step_digests_path,
     write_step_digests,
 )
-from pipelinerl.platform.stores import init_trainer_group
 from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.transport import Receiver, run_keys
 from pipelinerl.platform.wire import Shutdown, TrainBatch, impossible_values
@@ -66,6 +64,11 @@ from pipelinerl.rl.ess import effective_sample_size_from_log_weights
 from pipelinerl.rl.lag import lag_statistics, token_lags
 from pipelinerl.rl.mismatch import behaviour_mismatch
 from pipelinerl.workers.deepspeed_import import import_deepspeed
+from pipelinerl.workers.deepspeed_setup import (
+    deepspeed_config,
+    enable_activation_checkpointing,
+    init_distributed,
+)
 from pipelinerl.workers.engines.lm_head import float32_lm_head
 from pipelinerl.workers.policy_step import concat_records, micro_batch_loss
 from pipelinerl.workers.recipe_terms import load_reference_model, recipe_metrics, reference_model_path
@@ -74,50 +77,6 @@ from pipelinerl.workers.weight_publisher import WeightPublisher
 logger = logging.getLogger("pipelinerl.trainer")
 
 BATCH_WAIT_S = 1.0  # how long one receive waits before the loop checks its deadline again
-
-
-def deepspeed_config(config: PipelineConfig, bf16: bool = False) -> dict[str, Any]:
-    """DeepSpeed's settings for this run; ``bf16``: the model's weights are bfloat16 (``model.dtype``),
-    and DeepSpeed keeps float32 master weights for the optimizer."""
-    trainer = config.trainer
-    ds_config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        # The number of micro-batches varies per step (packing), so step() is the boundary.
-        "managed_gradient_accumulation": False,
-        "gradient_clipping": trainer.grad_clip,
-        "optimizer": {
-            "type": "AdamW",
-            "params": {"lr": trainer.learning_rate, "weight_decay": trainer.weight_decay, "torch_adam": True},
-        },
-        "zero_optimization": {"stage": trainer.zero_stage},
-        "steps_per_print": 10**9,
-    }
-    if trainer.offload_optimizer:
-        ds_config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if bf16:
-        ds_config["bf16"] = {"enabled": True}
-    if trainer.warmup_steps:
-        ds_config["scheduler"] = {
-            "type": "WarmupLR",
-            "params": {
-                "warmup_min_lr": 0.0,
-                "warmup_max_lr": trainer.learning_rate,
-                "warmup_num_steps": trainer.warmup_steps,
-                "warmup_type": "linear",
-            },
-        }
-    return ds_config
-
-
-def enable_activation_checkpointing(model: Any) -> None:
-    """Recompute each layer's activations in the backward pass (``trainer.activation_checkpointing``);
-    transformers 5.21 renamed gradient checkpointing to activation checkpointing."""
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 # Where a model config states how many positions it was built for (Llama/Qwen, GPT-2); a sequence beyond
@@ -569,26 +528,6 @@ class Trainer:
         if self.publisher is not None:
             self.publisher.shutdown(f"trainer finished at version {self.policy_version}")
         self.batches.close()
-
-
-def init_distributed(deepspeed: Any, config: PipelineConfig, rank: int, backend: str) -> None:
-    """The ranks' default process group, then DeepSpeed's communication on it.
-
-    The rendezvous store listens on ``MASTER_ADDR`` (``transport.host``) only, and gloo on its
-    interface (``stores.init_trainer_group``): ``env://`` would have rank 0's store listen on every
-    interface, unauthenticated. DeepSpeed finds the group initialised and uses it. Under torchrun the
-    agent serves the rendezvous (``TORCHELASTIC_USE_AGENT_STORE``): DeepSpeed joins it as before.
-    """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        init_trainer_group(
-            backend,
-            os.environ.get("MASTER_ADDR", config.transport.host),
-            int(os.environ.get("MASTER_PORT", config.transport.port("trainer_dist"))),
-            rank,
-            config.trainer.num_processes,
-            default_pg_timeout,  # torch's and DeepSpeed's default for a group's collectives
-        )
-    deepspeed.init_distributed(dist_backend=backend)
 
 
 def placed_rank(flag: int | None, environ: Mapping[str, str], num_processes: int) -> int:

@@ -11,7 +11,7 @@ import torch
 
 from pipelinerl.platform.config import MODES, ConfigError, PipelineConfig, flatten, load_config
 from pipelinerl.platform.dtypes import policy_dtype, policy_dtype_name
-from pipelinerl.workers.trainer import deepspeed_config
+from pipelinerl.workers.deepspeed_setup import deepspeed_config
 
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.toml"))
 
