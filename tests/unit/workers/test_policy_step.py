@@ -8,9 +8,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pipelinerl.platform.wire import TrainSequence
+from pipelinerl.workers.deepspeed_setup import enable_activation_checkpointing
 from pipelinerl.workers.engines.protocol import VersionSwitches
 from pipelinerl.workers.policy_step import completion_logprobs, micro_batch_loss
-from pipelinerl.workers.deepspeed_setup import enable_activation_checkpointing
 
 
 def sequence(prompt, completion, advantage=1.0, versions=None):
