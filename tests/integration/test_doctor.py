@@ -28,7 +28,7 @@ def config(tmp_path: Path, *overrides: str) -> PipelineConfig:
 
 
 def test_doctor_and_its_smoke_run_pass_on_this_machine(
-    tmp_path: Path, postgres_url: str, second_postgres_url: str, warm_model_dir: Path
+    tmp_path: Path, postgres_url: str, second_postgres_url: str, random_model_dir: Path
 ) -> None:
     db.upgrade(postgres_url)  # the platform database migrated; MLflow's store (the second) never was
     env = {
@@ -39,7 +39,9 @@ def test_doctor_and_its_smoke_run_pass_on_this_machine(
     record = tmp_path / "smoke-record.json"
     argv = [sys.executable, "-m", "pipelinerl.cli", "doctor", "--json", "--smoke", "--record", str(record)]
     for setting in (
-        f"model.path={warm_model_dir}",
+        # A model directory (the smoke run trains three steps, it need not learn): not the warm start,
+        # which the vLLM learning run builds on a fresh machine and this test would wait for.
+        f"model.path={random_model_dir}",
         f"run.home={tmp_path / 'home'}",
         f"run.output_dir={tmp_path / 'runs'}",
         f"tracking.database_url={postgres_url}",
