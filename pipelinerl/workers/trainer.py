@@ -15,7 +15,10 @@ wait time) and its per-token data
 to ``tokens/step_<version>_rank<r>.npz``, from which the statistics can be recomputed. Every
 ``trainer.checkpoint_every`` versions, and at the end (``final/``), the policy is saved in Hugging
 Face format with its version and the optimizer state (``platform/checkpoint.py``);
-``run.resume_from`` continues from such a checkpoint.
+``run.resume_from`` continues from such a checkpoint. With ``trainer.record_batches`` each step also
+keeps its batch (``batches/``) and the digests of the weights it made (``digests/``), and draws its random
+numbers from ``step_seed(run.seed, version)``: ``pipelinerl replay`` trains the step again from them
+(``workers/replay.py``, with this class's ``train_step``) and checks it to the bit.
 
 Run: ``python -m pipelinerl.workers.trainer --run-dir runs/<id>`` (the launcher does, one process per
 rank placed as torchrun places its workers: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``…;
