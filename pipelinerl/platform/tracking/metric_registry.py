@@ -7,7 +7,7 @@ bench shows is declared here, once, with its owner (the stage that computes it),
 it means. Code elsewhere names a metric through this module's constants (``TRAINER_TOKENS``,
 ``ACTOR_IDLE_FRACTION``, ...) or, for a family with variable parts, through its pattern
 (``scores/{label}``, ``eval/{set}/pass_at_{k}``, ``actor/{actor}/idle_fraction``) and ``name_of``.
-``docs/metrics.md`` is this table rendered (``markdown_table``); a unit test keeps the two equal.
+``docs/metrics.md`` is this table rendered (``metric_docs.markdown_table``); a unit test keeps the two equal.
 
 **Namespaces.** Statistics are namespaced by what they measure (``rl/``, ``lag/``, ``completion/``,
 ``trainer/``, ``actor/``, ``preprocessor/``, ``queue/``, ``weights/``, ``throughput/``, ``eval/``,
@@ -594,23 +594,3 @@ def old_names(name: str) -> tuple[str, ...]:
     if labelled is not None and labelled[0] == 0:
         found.append(labelled[1])  # actor 0's values had no prefix
     return tuple(found)
-
-
-# ----- the docs -----
-
-
-def markdown_table() -> str:
-    """The registry as docs/metrics.md shows it (a unit test keeps the page equal to this)."""
-    lines = ["| name | owner | unit | where | description |", "|---|---|---|---|---|"]
-    for m in METRICS:
-        where = [f"`{RECORD_FILES[r]}`" for r in sorted(m.records)] + (["MLflow"] if m.mlflow else [])
-        where += [f"`{m.stored}`"] if m.stored else []
-        if m.derive is not None:
-            where.append("derived from " + ", ".join(f"`{key}`" for key in m.inputs))
-        description = m.description.replace("|", "\\|")
-        lines.append(f"| `{m.name}` | {m.owner} | {m.unit} | {', '.join(where)} | {description} |")
-    aliases = ["| old name | new name | where |", "|---|---|---|"]
-    aliases += [f"| `{old}` | `{new}` | `metrics.jsonl` |" for old, new in RECORD_ALIASES["trainer"].items()]
-    aliases += [f"| `{old}` | `{new}` | MLflow |" for old, new in MLFLOW_ALIASES.items()]
-    aliases += [f"| `{old}` | `{new}` | MLflow |" for old, new in MLFLOW_ALIAS_PATTERNS]
-    return "\n".join(lines) + "\n\n" + "\n".join(aliases) + "\n"
