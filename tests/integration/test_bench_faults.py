@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.workers.preprocessor import incomplete_groups_bound
 from tests.conftest import worker_port
 from tests.integration.test_damaged_input import ACTOR_CLOSING_LINE
 from tests.integration.test_pipeline import check_records_against_token_data
@@ -149,6 +151,17 @@ def test_every_stage_of_the_flooded_run_kept_running_to_the_end(bench: Bench) ->
 
 def test_an_oversized_part_drops_its_connection_and_is_counted(bench: Bench) -> None:
     assert bench.flooded["peer_disconnects"] >= 1, bench.flooded
+
+
+def test_the_flood_leaves_the_preprocessor_holding_a_bounded_number_of_rollouts(bench: Bench) -> None:
+    """Groups that never complete are dropped past ``incomplete_groups_bound``, and the builder keeps
+    fewer than a batch of complete ones unbatched: so the preprocessor never holds more than
+    bound × (G - 1) + B - 1 rollouts, however many come (the flood sends many times that)."""
+    config = PipelineConfig.model_validate_json((bench.run_dir("flooded") / "config.json").read_text())
+    bound = incomplete_groups_bound(config) * (config.rl.group_size - 1) + config.rl.batch_size - 1
+    queued = [record["queue/rollouts"] for record in bench.jsonl("flooded", "preprocessor.jsonl")]
+    assert queued and max(queued) <= bound, (bound, queued)
+    assert bench.flooded["sent_impossible"] > bound, bench.flooded  # the bound was tested
 
 
 @pytest.mark.parametrize("kind", ["undisturbed", "flooded"])
