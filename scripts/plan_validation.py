@@ -1,10 +1,11 @@
 """The simulator against runs measured on this machine (docs/plan.md, issue 27's acceptance).
 
 Runs the embedded default experiment in several configurations (``pipelinerl run``, tracking off),
-then predicts each one with a profile calibrated on the *other* runs only (and their completion
-lengths), and prints measured beside predicted as a markdown table. A few minutes on 2 cores.
+several seeds each, then predicts each configuration with a profile calibrated on the *other*
+configurations' runs only (``plan/validation.py``), and prints measured beside predicted as a markdown
+table. About a minute a run on 2 cores.
 
-    .venv/bin/python scripts/plan_validation.py /tmp/plan-validation [--steps 20]
+    .venv/bin/python scripts/plan_validation.py /tmp/plan-validation [--steps 24]
 """
 
 from __future__ import annotations
@@ -14,31 +15,52 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipelinerl.plan.calibrate import calibrate, completion_lengths
+from pipelinerl.plan.calibrate import calibrate
 from pipelinerl.plan.contention import fit_alone_speedups
-from pipelinerl.plan.from_config import workload_from_config
-from pipelinerl.plan.measured import measured
-from pipelinerl.plan.simulate import simulate
-from pipelinerl.platform.config import load_config
+from pipelinerl.plan.validation import compare, markdown_table
 
+# Issue 27's set: pipeline at three values of H, conventional rounds of G=8 steps with and without
+# training during the round, and async mode; the embedded default otherwise (B=32, 4 samples a prompt).
 CONFIGURATIONS: dict[str, list[str]] = {
     "pipeline, H=32": ["run.mode=pipeline", "actor.max_in_flight=32"],
     "pipeline, H=16": ["run.mode=pipeline", "actor.max_in_flight=16"],
-    "pipeline, H=64, B=64": ["run.mode=pipeline", "actor.max_in_flight=64", "rl.batch_size=64"],
-    "conventional, G=4": ["run.mode=conventional", "run.steps_per_round=4"],
-    "conventional, G=4, strict": [
+    "pipeline, H=64": ["run.mode=pipeline", "actor.max_in_flight=64"],
+    "conventional, G=8": ["run.mode=conventional", "run.steps_per_round=8"],
+    "conventional, G=8, strict": [
         "run.mode=conventional",
-        "run.steps_per_round=4",
+        "run.steps_per_round=8",
         "run.train_during_round=false",
     ],
+    "async": ["run.mode=async", "actor.max_in_flight=32"],
 }
+# Each stage on a core of its own, as on a cluster each has its own GPUs: the actor on core 0, the
+# trainer and the preprocessor on core 1 (bench/learning.py pins them the same way).
+PINNED = ["actor.cpus=[0]", "trainer.cpus=[1]"]
 PROMPT_TOKENS = 40  # the arithmetic task's prompts, in the character tokenizer's tokens (about)
+
+
+def run_once(directory: Path, steps: int, seed: int, settings: list[str]) -> Path:
+    """One run of a configuration (kept: a run already there is not run again); its directory."""
+    if not list(directory.glob("*/summary.json")):
+        command = [sys.executable, "-m", "pipelinerl.cli", "run", "-s", f"run.output_dir={directory}"]
+        for setting in [
+            f"run.max_steps={steps}",
+            f"run.seed={seed}",
+            "tracking.enabled=false",
+            *PINNED,
+            *settings,
+        ]:
+            command += ["-s", setting]
+        subprocess.run(command, check=True, capture_output=True, text=True)
+    (run,) = [path.parent for path in directory.glob("*/summary.json")]
+    return run
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", type=Path)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=24, help="a multiple of 8: whole rounds")
+    parser.add_argument("--seeds", default="0,1,2", help="runs of each configuration, one per seed")
     parser.add_argument(
         "--no-contention", action="store_true", help="leave the stages' sharing of cores out of the profiles"
     )
@@ -48,47 +70,26 @@ def main() -> None:
         help="also write the profile calibrated on all the runs (the shipped cpu one)",
     )
     args = parser.parse_args()
-    runs: dict[str, Path] = {}
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    runs: dict[str, list[Path]] = {}
     for index, (name, settings) in enumerate(CONFIGURATIONS.items()):
-        output = args.directory / f"config{index}"
-        if not list(output.glob("*/summary.json")):
-            print(f"running {name} ...", file=sys.stderr, flush=True)
-            command = [sys.executable, "-m", "pipelinerl.cli", "run", "-s", f"run.output_dir={output}"]
-            for setting in [f"run.max_steps={args.steps}", "tracking.enabled=false", *settings]:
-                command += ["-s", setting]
-            subprocess.run(command, check=True, capture_output=True, text=True)
-        (runs[name],) = [path.parent for path in output.glob("*/summary.json")]
-    print(
-        "| configuration | samples/s measured / predicted | trainer idle | actor idle | lag mean | lag max "
-        "| alone speed-ups (actor, trainer) |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for name, run_dir in runs.items():
-        others = [other for key, other in runs.items() if key != name]
-        profile = calibrate(others, "others")
-        if not args.no_contention:
-            profile, _ = fit_alone_speedups(profile, others, PROMPT_TOKENS)
-        costs = profile.cost_model()
-        config = load_config(None, [f"run.max_steps={args.steps}", *CONFIGURATIONS[name]])
-        workload = workload_from_config(config, completion_lengths(others), PROMPT_TOKENS)
-        predicted = simulate(workload, costs)
-        seen = measured(run_dir)
-        speed = seen["steady_samples_per_s"]
-        error = predicted.steady_samples_per_s / speed - 1
-        print(
-            f"| {name} | {speed:.1f} / {predicted.steady_samples_per_s:.1f} ({error:+.0%}) "
-            f"| {seen['trainer_idle']:.2f} / {predicted.steady_trainer_idle:.2f} "
-            f"| {seen['actor_idle']:.2f} / {predicted.actor_idle:.2f} "
-            f"| {seen['lag_mean']:.2f} / {predicted.lag_mean:.2f} | {seen['lag_max']} / {predicted.lag_max} "
-            f"| {costs.actor_alone_speedup:.2f}, {costs.trainer_alone_speedup:.2f} |"
-        )
+        for seed in seeds:
+            print(f"{name}, seed {seed} ...", file=sys.stderr, flush=True)
+            directory = args.directory / f"config{index}-seed{seed}"
+            runs.setdefault(name, []).append(run_once(directory, args.steps, seed, settings))
+    comparisons = compare(runs, PROMPT_TOKENS, contention=not args.no_contention)
+    print(markdown_table(comparisons))
+    within = sum(c.all_within for c in comparisons)
+    print(f"\n{within} of {len(comparisons)} configurations within every tolerance")
     if args.profile_out is not None:
-        profile = calibrate(list(runs.values()), args.profile_out.stem)
+        every = [run for group in runs.values() for run in group]
+        profile = calibrate(every, args.profile_out.stem)
         if not args.no_contention:
-            profile, _ = fit_alone_speedups(profile, list(runs.values()), PROMPT_TOKENS)
+            profile, _ = fit_alone_speedups(profile, every, PROMPT_TOKENS)
         profile.description = (
-            "this machine's kind (2 CPU cores, the embedded default: the tiny model, arithmetic), calibrated "
-            f"on the {len(runs)} runs of scripts/plan_validation.py --steps {args.steps} (docs/plan.md)"
+            "this machine's kind (2 CPU cores, the embedded default: the tiny model, arithmetic; the actor "
+            f"and the trainer on a core each), calibrated on the {len(every)} runs of "
+            f"scripts/plan_validation.py --steps {args.steps} --seeds {args.seeds} (docs/plan.md)"
         )
         args.profile_out.write_text(profile.model_dump_json(indent=2) + "\n")
         print(f"profile written to {args.profile_out}", file=sys.stderr)

@@ -8,7 +8,9 @@ What each figure is fitted from (the records every run writes, ``platform/tracki
 * the transfer: the median ``weights/broadcast_ms``;
 * the engine's pause for an update: the median ``weights/update_pause_ms`` of the actors' records;
 * the decode step: each actor record gives ``actor/in_flight`` sequences writing
-  ``throughput/actor_tokens_per_s``, so one decode step of n sequences took ``n / tokens_per_s``; fitted
+  ``throughput/actor_busy_tokens_per_s`` (per second of the time it was neither idle nor paused: the
+  simulator adds those itself; older records: ``throughput/actor_tokens_per_s``), so one decode step of
+  n sequences took ``n / tokens_per_s``; fitted
   against n (least squares, no coefficient below 0). The records carry no context lengths, so the
   per-context-token cost is folded into the others (0 here), and so is the prefill.
 """
@@ -56,6 +58,25 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
+def _decode_rate(record: dict[str, Any]) -> float:
+    """The actor's tokens per second of decoding: of its busy time (neither idle nor paused for an
+    update) where the record has it, else (runs before it was recorded) of all its time."""
+    return float(record.get(registry.ACTOR_BUSY_TOKENS_PER_S, record.get(registry.ACTOR_TOKENS_PER_S, 0.0)))
+
+
+def _rate_name(records: list[dict[str, Any]]) -> str:
+    """Which rate the decode fit read, for the profile's sources."""
+    busy = sum(registry.ACTOR_BUSY_TOKENS_PER_S in r for r in records)
+    if busy == len(records):
+        return registry.ACTOR_BUSY_TOKENS_PER_S
+    older = f"{registry.ACTOR_TOKENS_PER_S}, idle time and pauses included"
+    return (
+        older
+        if busy == 0
+        else f"{registry.ACTOR_BUSY_TOKENS_PER_S}; {len(records) - busy} older records: {older}"
+    )
+
+
 def calibrate(run_dirs: Iterable[Path], name: str) -> CostProfile:
     """The profile fitted from ``run_dirs``' records; ``CalibrationError`` naming what is missing."""
     runs = [Path(run_dir) for run_dir in run_dirs]
@@ -71,11 +92,7 @@ def calibrate(run_dirs: Iterable[Path], name: str) -> CostProfile:
     shown = ", ".join(run.name for run in runs)
     if len(steps) < 2:
         raise CalibrationError(f"{shown}: {len(steps)} trainer steps recorded; the fit needs 2 or more")
-    decoding = [
-        r
-        for r in actors
-        if r.get(registry.ACTOR_IN_FLIGHT, 0) > 0 and r.get(registry.ACTOR_TOKENS_PER_S, 0) > 0
-    ]
+    decoding = [r for r in actors if r.get(registry.ACTOR_IN_FLIGHT, 0) > 0 and _decode_rate(r) > 0]
     if not decoding:
         raise CalibrationError(f"{shown}: no actor record with sequences in flight and a token rate")
 
@@ -88,7 +105,7 @@ def calibrate(run_dirs: Iterable[Path], name: str) -> CostProfile:
     else:
         (base, per_token), per_sequence = nonnegative_fit([ones, tokens], step_s), 0.0
     in_flight = [float(r[registry.ACTOR_IN_FLIGHT]) for r in decoding]
-    decode_s = [n / float(r[registry.ACTOR_TOKENS_PER_S]) for n, r in zip(in_flight, decoding, strict=True)]
+    decode_s = [n / _decode_rate(r) for n, r in zip(in_flight, decoding, strict=True)]
     decode_base, decode_per_sequence = nonnegative_fit([[1.0] * len(decoding), in_flight], decode_s)
     broadcasts = [
         float(r[registry.WEIGHTS_BROADCAST_MS]) / 1000 for r in steps if registry.WEIGHTS_BROADCAST_MS in r
@@ -98,7 +115,7 @@ def calibrate(run_dirs: Iterable[Path], name: str) -> CostProfile:
     step_source = f"fitted on {len(steps)} trainer steps of {shown} (trainer/step_s against trainer/tokens)"
     decode_source = (
         f"fitted on {len(decoding)} actor records of {shown} "
-        "(actor/in_flight / throughput/actor_tokens_per_s against actor/in_flight)"
+        f"(actor/in_flight / {_rate_name(decoding)} against actor/in_flight)"
     )
     folded = f"not in the records of {shown}: folded into the decode fit"
     figures = {

@@ -400,6 +400,7 @@ class Actor:
             then, tokens_then, idle_then = self._last_report
             self._last_report = (now, tokens, idle)
             elapsed = max(now - then, 1e-9)
+            busy = max(elapsed - (idle - idle_then) - (pause_s or 0.0), 1e-9)  # decoding, prefilling
             pause = {} if pause_s is None else {registry.UPDATE_PAUSE_MS: 1000 * pause_s}
             pause.update(phases or {})
             self.metrics.write(
@@ -409,6 +410,7 @@ class Actor:
                     registry.TIME: time.time(),
                     **pause,
                     registry.ACTOR_TOKENS_PER_S: (tokens - tokens_then) / elapsed,
+                    registry.ACTOR_BUSY_TOKENS_PER_S: (tokens - tokens_then) / busy,
                     registry.ACTOR_IDLE_FRACTION: min(1.0, (idle - idle_then) / elapsed),
                     registry.ACTOR_IN_FLIGHT: self.engine.num_in_flight,
                     registry.ACTOR_TOKENS_GENERATED: tokens,

@@ -13,6 +13,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from pipelinerl.bench.learning import variant_label
+from pipelinerl.plan.measured import measured
+from pipelinerl.plan.validation import compare, markdown_table
 from tests.conftest import worker_port
 
 pytestmark = pytest.mark.slow
@@ -118,6 +121,24 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
     assert redrawn.stat().st_size > 20_000
     for name in ("| PipelineRL |", "| conventional G=2 |"):
         assert name in again.stdout, again.stdout
+
+    # Issue 27's check against measured runs, small (plan/validation.py): each mode predicted from a
+    # profile calibrated on the other mode's run only, beside what its own run measured.
+    runs = {
+        variant_label(json.loads((Path(run["run_dir"]) / "config.json").read_text())): [Path(run["run_dir"])]
+        for run in record["runs"]
+    }
+    comparisons = {c.configuration: c for c in compare(runs, prompt_tokens=40)}
+    assert set(comparisons) == {"pipeline", "conventional_g2"}
+    for name, comparison in comparisons.items():
+        assert comparison.measured == measured(runs[name][0]), "one run: the median is its own figures"
+        assert comparison.predicted["steady_samples_per_s"] > 0
+        assert 0.0 <= comparison.predicted["trainer_idle"] <= 1.0
+    # Rounds of G=2 steps on one version: lags 0 and 1, however fast either side runs, in both.
+    conventional = comparisons["conventional_g2"]
+    assert conventional.measured["lag_max"] == conventional.predicted["lag_max"] == 1
+    assert conventional.within["lag_mean"], conventional
+    assert "| conventional_g2 |" in markdown_table(list(comparisons.values()))
 
     client = mlflow.MlflowClient()
     parent = client.get_run(record["settings"]["mlflow_parent_run_id"])

@@ -143,6 +143,7 @@ TRAINER_UNAUTHENTICATED = "trainer/unauthenticated"
 TRAINER_TOKENS_PER_S, TRAINER_IDLE_FRACTION = "throughput/trainer_tokens_per_s", "trainer/idle_fraction"
 # Each actor, one record per loaded weight update (actor<k>.jsonl).
 ACTOR_TOKENS_PER_S, ACTOR_IDLE_FRACTION = "throughput/actor_tokens_per_s", "actor/idle_fraction"
+ACTOR_BUSY_TOKENS_PER_S = "throughput/actor_busy_tokens_per_s"
 UPDATE_PAUSE_MS, ACTOR_IN_FLIGHT = "weights/update_pause_ms", "actor/in_flight"
 UPDATE_PHASE_MS, WEIGHTS_RECEIVE_MS = "weights/update_phase_ms/{phase}", "weights/receive_ms"
 ACTOR_TOKENS_GENERATED = "actor/tokens_generated"
@@ -288,6 +289,9 @@ _STAGE_METRICS: tuple[Metric, ...] = (
            inputs=(TRAINER_STEP_S, TRAINER_WAIT_S, WEIGHTS_BROADCAST_MS), derive=_idle_fraction_of),
     Metric(ACTOR_TOKENS_PER_S, "actor", "tokens/s", "tokens generated per second since the previous "
            "update", records=_ACTOR, mlflow=True, actors="sum"),
+    Metric(ACTOR_BUSY_TOKENS_PER_S, "actor", "tokens/s", "tokens generated per second of the time since the "
+           "previous update the actor was neither idle nor paused for an update (what a decode step "
+           "costs: plan calibrate fits it)", records=_ACTOR, actors="sum"),
     Metric(ACTOR_IDLE_FRACTION, "actor", "fraction", "share of the time since the previous update "
            "with nothing to generate", records=_ACTOR, mlflow=True, actors="mean"),
     Metric(UPDATE_PAUSE_MS, "actor", "ms", "generation paused to load the update (the database keeps "
