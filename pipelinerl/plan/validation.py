@@ -61,14 +61,24 @@ def within_tolerance(figure: str, measured_value: float, predicted_value: float)
 
 
 def compare(
-    runs: Mapping[str, Sequence[Path]], prompt_tokens: int, contention: bool = True
+    runs: Mapping[str, Sequence[Path]],
+    prompt_tokens: int,
+    contention: bool = True,
+    predict: Sequence[str] | None = None,
 ) -> list[Comparison]:
     """Each configuration of ``runs`` (its name -> its runs' directories, which differ only in their
-    seeds) predicted from the others' runs and compared with its own; its config is its first run's."""
+    seeds; those named in ``predict`` when given) predicted from the others' runs and compared with its
+    own; its config is its first run's. The others must hold actor records taken with sequences in
+    flight (``plan calibrate``): a conventional run's are taken between rounds, so it cannot be the only
+    other run."""
     if len(runs) < 2:
         raise ValueError(f"{len(runs)} configuration(s): predicting one from the others needs 2 or more")
+    if unknown := sorted(set(predict or ()) - set(runs)):
+        raise ValueError(f"predict={unknown}: not among the configurations {sorted(runs)}")
     comparisons = []
     for name, own in runs.items():
+        if predict is not None and name not in predict:
+            continue
         if not own:
             raise ValueError(f"configuration {name!r} has no run")
         others = [run for key, group in runs.items() if key != name for run in group]

@@ -122,23 +122,22 @@ def test_bench_learning_quick(tmp_path: Path, random_model_dir: Path):
     for name in ("| PipelineRL |", "| conventional G=2 |"):
         assert name in again.stdout, again.stdout
 
-    # Issue 27's check against measured runs, small (plan/validation.py): each mode predicted from a
-    # profile calibrated on the other mode's run only, beside what its own run measured.
+    # Issue 27's check against measured runs, small (plan/validation.py): conventional mode predicted
+    # from a profile calibrated on the pipeline run only (a conventional run's actor records are taken
+    # between rounds, with nothing in flight: the decode step cannot be fitted from them), beside what
+    # its own run measured.
     runs = {
         variant_label(json.loads((Path(run["run_dir"]) / "config.json").read_text())): [Path(run["run_dir"])]
         for run in record["runs"]
     }
-    comparisons = {c.configuration: c for c in compare(runs, prompt_tokens=40)}
-    assert set(comparisons) == {"pipeline", "conventional_g2"}
-    for name, comparison in comparisons.items():
-        assert comparison.measured == measured(runs[name][0]), "one run: the median is its own figures"
-        assert comparison.predicted["steady_samples_per_s"] > 0
-        assert 0.0 <= comparison.predicted["trainer_idle"] <= 1.0
+    (conventional,) = compare(runs, prompt_tokens=40, predict=["conventional_g2"])
+    assert conventional.measured == measured(runs["conventional_g2"][0]), "one run: its own figures"
+    assert conventional.predicted["steady_samples_per_s"] > 0
+    assert 0.0 <= conventional.predicted["trainer_idle"] <= 1.0
     # Rounds of G=2 steps on one version: lags 0 and 1, however fast either side runs, in both.
-    conventional = comparisons["conventional_g2"]
     assert conventional.measured["lag_max"] == conventional.predicted["lag_max"] == 1
     assert conventional.within["lag_mean"], conventional
-    assert "| conventional_g2 |" in markdown_table(list(comparisons.values()))
+    assert "| conventional_g2 |" in markdown_table([conventional])
 
     client = mlflow.MlflowClient()
     parent = client.get_run(record["settings"]["mlflow_parent_run_id"])

@@ -58,3 +58,8 @@ def test_the_table_marks_what_is_outside_and_says_so_per_configuration() -> None
 def test_one_configuration_cannot_be_predicted_from_the_others(tmp_path) -> None:
     with pytest.raises(ValueError, match="needs 2 or more"):
         compare({"only": [tmp_path]}, prompt_tokens=40)
+
+
+def test_a_configuration_to_predict_must_be_there(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"predict=\['asnyc'\]: not among"):
+        compare({"pipeline": [tmp_path], "async": [tmp_path]}, prompt_tokens=40, predict=["asnyc"])
