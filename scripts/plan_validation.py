@@ -69,6 +69,13 @@ def main() -> None:
         type=Path,
         help="also write the profile calibrated on all the runs (the shipped cpu one)",
     )
+    parser.add_argument(
+        "--engine-record",
+        type=Path,
+        action="append",
+        default=[],
+        help="a `pipelinerl bench decode` record of the actor's engine on its core (repeatable)",
+    )
     args = parser.parse_args()
     seeds = [int(seed) for seed in args.seeds.split(",")]
     runs: dict[str, list[Path]] = {}
@@ -77,13 +84,15 @@ def main() -> None:
             print(f"{name}, seed {seed} ...", file=sys.stderr, flush=True)
             directory = args.directory / f"config{index}-seed{seed}"
             runs.setdefault(name, []).append(run_once(directory, args.steps, seed, settings))
-    comparisons = compare(runs, PROMPT_TOKENS, contention=not args.no_contention)
+    comparisons = compare(
+        runs, PROMPT_TOKENS, contention=not args.no_contention, engine_records=args.engine_record
+    )
     print(markdown_table(comparisons))
     within = sum(c.all_within for c in comparisons)
     print(f"\n{within} of {len(comparisons)} configurations within every tolerance")
     if args.profile_out is not None:
         every = [run for group in runs.values() for run in group]
-        profile = calibrate(every, args.profile_out.stem)
+        profile = calibrate(every, args.profile_out.stem, args.engine_record)
         if not args.no_contention:
             profile, _ = fit_alone_speedups(profile, every, PROMPT_TOKENS)
         profile.description = (

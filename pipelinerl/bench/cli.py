@@ -11,6 +11,7 @@ Heavy libraries load inside the commands, so ``pipelinerl bench --help`` answers
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -71,6 +72,65 @@ def _run_in_vllm_env(arguments: list[str]) -> int:
         )
     console.print(f"running in the vLLM environment: {python}", markup=False, highlight=False)
     return subprocess.run([str(python), "-m", "pipelinerl.cli", *arguments], check=False).returncode
+
+
+@bench_app.command()
+def decode(
+    in_flight: Annotated[
+        str, typer.Option("--in-flight", help="The values of H to measure, comma-separated.")
+    ] = "4,8,16,24,32,48,64",
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", min=1, help="Longest completion (actor.max_new_tokens).")
+    ] = 96,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Repeats at each H (the median).")] = 3,
+    cpus: Annotated[
+        str | None,
+        typer.Option(
+            "--cpus", help="Cores to confine the engine to, comma-separated (the run's actor.cpus)."
+        ),
+    ] = None,
+    model_path: ModelOption = None,
+    quick: QuickOption = False,
+    threads: ThreadsOption = 1,
+    seed: SeedOption = 0,
+    out: OutOption = None,
+) -> None:
+    """The engine's decode step against H, the sequences in flight (for `plan calibrate --engine-record`)."""
+    from pipelinerl.bench.decode import DecodeSweepSettings, render, run_decode_sweep, summarize
+    from pipelinerl.bench.report import load_average
+
+    try:
+        values = tuple(int(part) for part in in_flight.split(",") if part.strip())
+        cores = sorted({int(part) for part in cpus.split(",") if part.strip()}) if cpus else []
+        overrides = {"in_flight": values, "max_new_tokens": max_new_tokens, "seed": seed, "threads": threads}
+        settings = (
+            DecodeSweepSettings.quick(**{k: v for k, v in overrides.items() if k in ("seed", "threads")})
+            if quick
+            else DecodeSweepSettings(**overrides, repeats=repeats)
+        )
+    except ValueError as error:
+        raise fail(f"--in-flight {in_flight!r} / --cpus {cpus!r}: {error}") from None
+    if missing := sorted(set(cores) - os.sched_getaffinity(0)):
+        raise fail(
+            f"--cpus {cpus!r}: core(s) {missing} are not available here; "
+            f"valid: {sorted(os.sched_getaffinity(0))}"
+        )
+    if cores:
+        os.sched_setaffinity(0, cores)
+    load_before, started_at = load_average(), datetime.now(UTC)
+    path = model_path_or_default(model_path)
+    with progress_display() as progress:
+        points = run_decode_sweep(path, settings, progress)
+    finish(
+        "decode",
+        summarize(points, settings),
+        targets={},
+        settings={**asdict(settings), "cpus": cores, "model": str(path), "quick": quick},
+        out=out,
+        load_before=load_before,
+        started_at=started_at,
+        render=render,
+    )
 
 
 @bench_app.command()

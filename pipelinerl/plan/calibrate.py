@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from pipelinerl.plan.lengths import EmpiricalLengths, Lengths, parse_lengths
-from pipelinerl.plan.profile import CostProfile, Figure
+from pipelinerl.plan.profile import CostProfile, DecodeTable, Figure
 from pipelinerl.platform.tracking import metric_registry as registry
 
 
@@ -77,8 +77,41 @@ def _rate_name(records: list[dict[str, Any]]) -> str:
     )
 
 
-def calibrate(run_dirs: Iterable[Path], name: str) -> CostProfile:
-    """The profile fitted from ``run_dirs``' records; ``CalibrationError`` naming what is missing."""
+def decode_table_from(engine_records: Sequence[Path]) -> DecodeTable:
+    """The decode step at each H measured by ``pipelinerl bench decode`` records (the median where
+    several measured the same H); ``CalibrationError`` naming a file that is not such a record."""
+    by_in_flight: dict[int, list[float]] = {}
+    for path in engine_records:
+        try:
+            record = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise CalibrationError(
+                f"--engine-record {str(path)!r}: cannot be read as JSON ({error})"
+            ) from None
+        if not isinstance(record, dict) or record.get("benchmark") != "decode" or "points" not in record:
+            kind = record.get("benchmark") if isinstance(record, dict) else type(record).__name__
+            raise CalibrationError(
+                f"--engine-record {str(path)!r}: a `pipelinerl bench decode` record is needed "
+                f"(this is {kind!r})"
+            )
+        for point in record["points"]:
+            if point.get("step_s"):
+                by_in_flight.setdefault(int(point["in_flight"]), []).append(float(point["step_s"]))
+    points = sorted((in_flight, statistics.median(steps)) for in_flight, steps in by_in_flight.items())
+    if len(points) < 2:
+        shown = ", ".join(str(path) for path in engine_records)
+        raise CalibrationError(
+            f"--engine-record {shown}: {len(points)} value(s) of H measured; 2 or more needed"
+        )
+    values = ", ".join(f"H={h}: {1000 * step:.2f} ms" for h, step in points)
+    names = ", ".join(Path(path).name for path in engine_records)
+    return DecodeTable(points=points, source=f"pipelinerl bench decode records {names} ({values})")
+
+
+def calibrate(run_dirs: Iterable[Path], name: str, engine_records: Sequence[Path] = ()) -> CostProfile:
+    """The profile fitted from ``run_dirs``' records (and the decode step from ``engine_records``, ``bench
+    decode`` records, when given); ``CalibrationError`` naming what is missing."""
+    table = decode_table_from(engine_records) if engine_records else None
     runs = [Path(run_dir) for run_dir in run_dirs]
     if not runs:
         raise CalibrationError("give at least one run directory")
@@ -93,8 +126,11 @@ def calibrate(run_dirs: Iterable[Path], name: str) -> CostProfile:
     if len(steps) < 2:
         raise CalibrationError(f"{shown}: {len(steps)} trainer steps recorded; the fit needs 2 or more")
     decoding = [r for r in actors if r.get(registry.ACTOR_IN_FLIGHT, 0) > 0 and _decode_rate(r) > 0]
-    if not decoding:
-        raise CalibrationError(f"{shown}: no actor record with sequences in flight and a token rate")
+    if not decoding and table is None:
+        raise CalibrationError(
+            f"{shown}: no actor record with sequences in flight and a token rate (a conventional or async "
+            "run's are taken between rounds or drains); add a run in pipeline mode, or --engine-record"
+        )
 
     tokens = [float(r[registry.TRAINER_TOKENS]) for r in steps]
     samples = [float(r[registry.TRAINER_SAMPLES]) for r in steps]
@@ -104,9 +140,13 @@ def calibrate(run_dirs: Iterable[Path], name: str) -> CostProfile:
         base, per_token, per_sequence = nonnegative_fit([ones, tokens, samples], step_s)
     else:
         (base, per_token), per_sequence = nonnegative_fit([ones, tokens], step_s), 0.0
-    in_flight = [float(r[registry.ACTOR_IN_FLIGHT]) for r in decoding]
-    decode_s = [n / _decode_rate(r) for n, r in zip(in_flight, decoding, strict=True)]
-    decode_base, decode_per_sequence = nonnegative_fit([[1.0] * len(decoding), in_flight], decode_s)
+    if table is not None:  # the linear form's figures from the table, which the simulator reads instead
+        in_flight = [float(h) for h, _ in table.points]
+        decode_s = [step for _, step in table.points]
+    else:
+        in_flight = [float(r[registry.ACTOR_IN_FLIGHT]) for r in decoding]
+        decode_s = [n / _decode_rate(r) for n, r in zip(in_flight, decoding, strict=True)]
+    decode_base, decode_per_sequence = nonnegative_fit([[1.0] * len(decode_s), in_flight], decode_s)
     broadcasts = [
         float(r[registry.WEIGHTS_BROADCAST_MS]) / 1000 for r in steps if registry.WEIGHTS_BROADCAST_MS in r
     ]
@@ -116,6 +156,8 @@ def calibrate(run_dirs: Iterable[Path], name: str) -> CostProfile:
     decode_source = (
         f"fitted on {len(decoding)} actor records of {shown} "
         f"(actor/in_flight / {_rate_name(decoding)} against actor/in_flight)"
+        if table is None
+        else "a straight line through the decode table's points (the simulator reads the table itself)"
     )
     folded = f"not in the records of {shown}: folded into the decode fit"
     figures = {
@@ -141,7 +183,9 @@ def calibrate(run_dirs: Iterable[Path], name: str) -> CostProfile:
             source=f"median weights/update_pause_ms of {len(pauses)} actor updates of {shown}",
         ),
     }
-    profile = CostProfile(name=name, description=f"calibrated from {shown}", figures=figures)
+    profile = CostProfile(
+        name=name, description=f"calibrated from {shown}", figures=figures, decode_table=table
+    )
     try:
         profile.cost_model()
     except ValueError as error:

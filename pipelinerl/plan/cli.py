@@ -191,10 +191,18 @@ def calibrate_command(
         int,
         typer.Option("--prompt-tokens", min=0, help="Tokens per prompt of the runs (for --shared-cores)."),
     ] = 40,
+    engine_records: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--engine-record",
+            help="A `pipelinerl bench decode` record (repeatable): the decode step measured at each H, "
+            "read by the simulator as a table instead of the runs' straight-line fit.",
+        ),
+    ] = None,
 ) -> None:
     """Fit a cost profile from finished runs' records (plan/calibrate.py says from which)."""
     try:
-        profile = calibrate(run_dirs, name)
+        profile = calibrate(run_dirs, name, engine_records or ())
         if shared_cores:
             profile, _ = fit_alone_speedups(profile, run_dirs, prompt_tokens)
     except (CalibrationError, ValueError) as error:
@@ -203,6 +211,9 @@ def calibrate_command(
     table = Table("figure", "value", "unit", "source")
     for figure_name, figure in profile.figures.items():
         table.add_row(figure_name, f"{figure.value:.4g}", figure.unit, figure.source)
+    if profile.decode_table is not None:
+        points = ", ".join(f"{h}: {1000 * step:.3g} ms" for h, step in profile.decode_table.points)
+        table.add_row("decode_table", points, "H: s", profile.decode_table.source)
     console.print(table)
     console.print(f"profile written to {out}", highlight=False)
 

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pipelinerl.plan.costs import CostModel
 
-FIGURES = tuple(field.name for field in fields(CostModel))
+FIGURES = tuple(field.name for field in fields(CostModel) if field.name != "decode_table")
 # Figures a profile may leave out: 0, each stage on its own devices (a GPU cluster).
 OPTIONAL_FIGURES = ("actor_alone_speedup", "trainer_alone_speedup")
 
@@ -60,12 +60,23 @@ class Hardware(BaseModel):
     source: str = Field(min_length=1)
 
 
+class DecodeTable(BaseModel):
+    """The decode step measured at several H (``pipelinerl bench decode``): replaces the linear form."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    points: list[tuple[int, float]] = Field(description="(H, seconds of a decode step of H sequences)")
+    unit: str = "s"
+    source: str = Field(min_length=1)
+
+
 class CostProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1)
     description: str = ""
     figures: dict[str, Figure]
+    decode_table: DecodeTable | None = None
     hardware: Hardware | None = None
 
     @field_validator("figures")
@@ -80,7 +91,8 @@ class CostProfile(BaseModel):
         return figures
 
     def cost_model(self) -> CostModel:
-        return CostModel(**{name: figure.value for name, figure in self.figures.items()})
+        table = tuple(self.decode_table.points) if self.decode_table is not None else ()
+        return CostModel(**{name: figure.value for name, figure in self.figures.items()}, decode_table=table)
 
 
 def load_profile(path: Path) -> CostProfile:

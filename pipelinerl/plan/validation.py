@@ -65,12 +65,14 @@ def compare(
     prompt_tokens: int,
     contention: bool = True,
     predict: Sequence[str] | None = None,
+    engine_records: Sequence[Path] = (),
 ) -> list[Comparison]:
     """Each configuration of ``runs`` (its name -> its runs' directories, which differ only in their
     seeds; those named in ``predict`` when given) predicted from the others' runs and compared with its
-    own; its config is its first run's. The others must hold actor records taken with sequences in
-    flight (``plan calibrate``): a conventional run's are taken between rounds, so it cannot be the only
-    other run."""
+    own; its config is its first run's; ``engine_records`` (``bench decode``) give the decode step at each
+    H, which the runs' records would otherwise fit as a straight line. Without them the others must hold
+    actor records taken with sequences in flight (``plan calibrate``): a conventional run's are taken
+    between rounds, so it cannot be the only other run."""
     if len(runs) < 2:
         raise ValueError(f"{len(runs)} configuration(s): predicting one from the others needs 2 or more")
     if unknown := sorted(set(predict or ()) - set(runs)):
@@ -82,7 +84,7 @@ def compare(
         if not own:
             raise ValueError(f"configuration {name!r} has no run")
         others = [run for key, group in runs.items() if key != name for run in group]
-        profile = calibrate(others, "others")
+        profile = calibrate(others, "others", engine_records)
         if contention:
             profile, _ = fit_alone_speedups(profile, others, prompt_tokens)
         costs = profile.cost_model()

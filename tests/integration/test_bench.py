@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from pipelinerl.bench.actor_rate import measure_actor_rate
+from pipelinerl.plan.calibrate import CalibrationError, decode_table_from
 from tests.conftest import worker_port
 
 PIPELINERL = [sys.executable, "-m", "pipelinerl.cli"]
@@ -160,3 +161,39 @@ def test_bench_weights_refuses_a_bucket_size_that_is_not_a_number(tmp_path: Path
     result = run_bench("weights", "--bucket-mib", "4,big", cwd=tmp_path)
     assert result.returncode == 2
     assert "'4,big'" in result.stdout
+
+
+def test_bench_decode_quick_feeds_plan_calibrate(
+    random_model_dir: Path, tmp_path: Path, engine_record: tuple[Path, str]
+) -> None:
+    """The decode sweep's record, pinned to a core, becomes a profile's decode table; another bench's
+    record is refused, naming what it is."""
+    out = tmp_path / "decode.json"
+    result = run_bench(
+        "decode",
+        "--quick",
+        "--cpus",
+        "0",
+        "--model-path",
+        str(random_model_dir),
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "decode" and record["settings"]["cpus"] == [0]
+    assert [point["in_flight"] for point in record["points"]] == [4, 8]
+    for point in record["points"]:
+        assert point["step_s"] == pytest.approx(point["in_flight"] / point["tokens_per_s"])
+    assert "| H | tokens/s | decode step (ms) |" in result.stdout
+
+    table = decode_table_from([out])
+    assert [h for h, _ in table.points] == [4, 8] and "decode" in table.source
+    with pytest.raises(CalibrationError, match="bench decode` record is needed .*'engine'"):
+        decode_table_from([engine_record[0]])
+
+
+def test_bench_decode_refuses_a_core_that_is_not_there(tmp_path: Path) -> None:
+    result = run_bench("decode", "--quick", "--cpus", "999", cwd=tmp_path)
+    assert result.returncode != 0 and "core(s) [999] are not available here" in result.stdout + result.stderr

@@ -133,3 +133,41 @@ def test_the_shipped_gpu_profiles_are_what_their_script_derives() -> None:
         [sys.executable, "scripts/gpu_profiles.py", "--check"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_a_decode_table_replaces_the_straight_line_and_reads_between_its_points() -> None:
+    table = ((16, 0.007), (32, 0.0095), (64, 0.020))
+    costs = CostModel(decode_base_s=1.0, decode_per_context_token_s=1e-6, decode_table=table)
+    assert costs.decode_step_s(32, 0) == pytest.approx(0.0095)  # measured: the base is not read
+    assert costs.decode_step_s(48, 0) == pytest.approx(0.01475)  # halfway between 32 and 64
+    assert costs.decode_step_s(80, 0) == pytest.approx(0.020 + 16 * 0.0105 / 32)  # the last segment on
+    assert costs.decode_step_s(8, 0) == pytest.approx(0.007 - 8 * 0.0025 / 16)  # the first segment back
+    assert costs.decode_step_s(1, 0) >= 0.007 / 16  # never below the first point scaled down by H
+    assert costs.decode_step_s(32, 1000) == pytest.approx(0.0095 + 1e-3)  # context still costs
+    assert costs.decode_steps_s(3, 32, 0) == pytest.approx(3 * 0.0095 + 1e-6 * 32 * (0 + 1 + 2))  # grows
+
+
+@pytest.mark.parametrize(
+    ("table", "named"),
+    [
+        (((32, 0.01),), "2 or more points"),
+        (((32, 0.01), (16, 0.02)), "H must ascend"),
+        (((0, 0.01), (16, 0.02)), "point 0"),
+        (((8, 0.01), (16, 0.0)), "point 1"),
+    ],
+)
+def test_a_bad_decode_table_is_refused_naming_the_point(table, named) -> None:
+    with pytest.raises(ValueError, match=named):
+        CostModel(decode_base_s=0.01, decode_table=table)
+
+
+def test_a_profile_carries_its_decode_table_into_the_cost_model(tmp_path) -> None:
+    data = json.loads((Path(__file__).parents[3] / "pipelinerl/plan/profiles/cpu-2core.json").read_text())
+    data["decode_table"] = {"points": [[8, 0.004], [32, 0.01]], "source": "bench decode, a test"}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    assert load_profile(path).cost_model().decode_table == ((8, 0.004), (32, 0.01))
+    data["decode_table"]["points"] = [[32, 0.01], [8, 0.004]]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="H must ascend"):
+        load_profile(path)
