@@ -18,6 +18,7 @@ What each figure is fitted from (the records every run writes, ``platform/tracki
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -140,6 +141,9 @@ def calibrate(run_dirs: Iterable[Path], name: str, engine_records: Sequence[Path
         base, per_token, per_sequence = nonnegative_fit([ones, tokens, samples], step_s)
     else:
         (base, per_token), per_sequence = nonnegative_fit([ones, tokens], step_s), 0.0
+    fitted = [base + per_token * t + per_sequence * n for t, n in zip(tokens, samples, strict=True)]
+    log_ratios = [math.log(s / f) for s, f in zip(step_s, fitted, strict=True) if s > 0 and f > 0]
+    step_log_sd = statistics.pstdev(log_ratios) if len(log_ratios) > 1 else 0.0
     if table is not None:  # the linear form's figures from the table, which the simulator reads instead
         in_flight = [float(h) for h, _ in table.points]
         decode_s = [step for _, step in table.points]
@@ -171,6 +175,11 @@ def calibrate(run_dirs: Iterable[Path], name: str, engine_records: Sequence[Path
             value=per_sequence,
             unit="s/sequence",
             source=step_source if len(set(samples)) > 1 else f"every step of {shown} trained B sequences: 0",
+        ),
+        "train_step_log_sd": Figure(
+            value=step_log_sd,
+            unit="sd of log(step / fitted step)",
+            source=f"the spread of the {len(log_ratios)} steps of {shown} around the fitted step time",
         ),
         "transfer_s": Figure(
             value=statistics.median(broadcasts) if broadcasts else 0.0,

@@ -41,6 +41,10 @@ class CostModel:
     update_pause_s: float = 0.0
     actor_alone_speedup: float = 0.0
     trainer_alone_speedup: float = 0.0
+    # The spread of the trainer's step times around train_step_s: the standard deviation of their log
+    # (0: every step takes what train_step_s says; the simulator draws each step's factor from a
+    # lognormal of mean 1 with this spread, so a slow step's backlog shows in the lag)
+    train_step_log_sd: float = 0.0
     # (H, seconds of a decode step of H sequences), H ascending: replaces base + per-sequence when given
     decode_table: tuple[tuple[int, float], ...] = ()
 

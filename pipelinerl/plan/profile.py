@@ -35,7 +35,7 @@ from pipelinerl.plan.costs import CostModel
 
 FIGURES = tuple(field.name for field in fields(CostModel) if field.name != "decode_table")
 # Figures a profile may leave out: 0, each stage on its own devices (a GPU cluster).
-OPTIONAL_FIGURES = ("actor_alone_speedup", "trainer_alone_speedup")
+OPTIONAL_FIGURES = ("actor_alone_speedup", "trainer_alone_speedup", "train_step_log_sd")
 
 
 class ProfileError(ValueError):

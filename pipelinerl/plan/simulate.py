@@ -190,6 +190,7 @@ class _Simulation:
     def __init__(self, workload: Workload, costs: CostModel, seed: int) -> None:
         self.w, self.costs = workload, costs
         self.rng = np.random.default_rng(seed)
+        self.step_rng = np.random.default_rng([seed, 1])
         self.now = 0.0
         self.events: list[tuple[float, int, int, int, int]] = []  # time, order, kind, engine, generation
         self.order = 0
@@ -427,8 +428,14 @@ class _Simulation:
         self.trainer_changes()
         alone = sum(engine.chunk is None for engine in self.engines) / len(self.engines)
         scale = 1.0 - self.costs.trainer_alone_speedup * alone
-        self.schedule(self.now + scale * self.costs.train_step_s(tokens, len(batch)))
+        self.schedule(self.now + scale * self.costs.train_step_s(tokens, len(batch)) * self.step_jitter())
         self.build_batches()
+
+    def step_jitter(self) -> float:
+        """This step's time as a share of ``train_step_s``: 1, or a lognormal draw of mean 1 with the
+        profile's ``train_step_log_sd`` (its own generator: the lengths drawn do not move with it)."""
+        sd = self.costs.train_step_log_sd
+        return float(self.step_rng.lognormal(-sd * sd / 2, sd)) if sd else 1.0
 
     def count_lags(self, batch: list[_Sequence]) -> int:
         """Count the batch's tokens by lag and by position, and its sequences written by two or more

@@ -90,3 +90,14 @@ def test_completion_lengths_are_read_from_the_per_token_files(tmp_path) -> None:
     assert sorted(completion_lengths([tmp_path]).observed) == [1, 2, 3, 4]
     with pytest.raises(CalibrationError, match="no per-token files"):
         completion_lengths([tmp_path / "tokens"])
+
+
+def test_the_trainer_steps_spread_around_the_fit_is_measured(tmp_path) -> None:
+    exact = write_run(tmp_path / "exact", [step(t) for t in (1000, 1500, 2200)], [actor(8), actor(16)])
+    assert calibrate([exact], "x").figures["train_step_log_sd"].value == pytest.approx(0.0, abs=1e-9)
+    noisy_steps = [step(t) for t in (1000, 1000, 1500, 1500)]
+    for record, factor in zip(noisy_steps, (1.2, 1 / 1.2, 1.2, 1 / 1.2), strict=True):
+        record[registry.TRAINER_STEP_S] *= factor
+    noisy = write_run(tmp_path / "noisy", noisy_steps, [actor(8), actor(16)])
+    spread = calibrate([noisy], "x").figures["train_step_log_sd"]
+    assert spread.value == pytest.approx(np.log(1.2), rel=0.05) and "4 steps" in spread.source

@@ -277,3 +277,18 @@ def test_stages_sharing_cores_each_go_faster_while_the_other_waits() -> None:
     assert simulate(workload(mode="conventional", steps=2), trainer).seconds == pytest.approx(2.3)
     with pytest.raises(ValueError, match="actor_alone_speedup=1.0: a share of the time saved, below 1"):
         CostModel(decode_base_s=0.1, actor_alone_speedup=1.0)
+
+
+def test_a_trainer_whose_steps_spread_keeps_its_mean_pace_and_lengthens_the_lag_tail() -> None:
+    """Steps drawn around 1 s (a lognormal of mean 1, the profile's spread): over 400 steps the run takes
+    about as long as with every step at 1 s, its steps are not all alike, and a slow step's backlog
+    shows as a longer worst lag (the queue fills while it trains)."""
+    costs = CostModel(decode_base_s=0.004, train_base_s=1.0, transfer_s=0.1)
+    steady = simulate(workload(in_flight=8, batch_size=4, steps=400), costs)
+    spread = simulate(workload(in_flight=8, batch_size=4, steps=400), replace(costs, train_step_log_sd=0.3))
+    assert spread.seconds == pytest.approx(steady.seconds, rel=0.05)
+    assert spread.seconds != steady.seconds
+    assert spread.lag_max >= steady.lag_max
+    assert simulate(workload(steps=30), replace(costs, train_step_log_sd=0.3), seed=3) == simulate(
+        workload(steps=30), replace(costs, train_step_log_sd=0.3), seed=3
+    ), "seeded: the same seed, the same run"
