@@ -102,11 +102,12 @@ def decode(
     try:
         values = tuple(int(part) for part in in_flight.split(",") if part.strip())
         cores = sorted({int(part) for part in cpus.split(",") if part.strip()}) if cpus else []
-        overrides = {"in_flight": values, "max_new_tokens": max_new_tokens, "seed": seed, "threads": threads}
         settings = (
-            DecodeSweepSettings.quick(**{k: v for k, v in overrides.items() if k in ("seed", "threads")})
+            DecodeSweepSettings.quick(seed=seed, threads=threads)
             if quick
-            else DecodeSweepSettings(**overrides, repeats=repeats)
+            else DecodeSweepSettings(
+                in_flight=values, max_new_tokens=max_new_tokens, repeats=repeats, seed=seed, threads=threads
+            )
         )
     except ValueError as error:
         raise fail(f"--in-flight {in_flight!r} / --cpus {cpus!r}: {error}") from None
