@@ -11,7 +11,6 @@ Heavy libraries load inside the commands, so ``pipelinerl bench --help`` answers
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -96,42 +95,9 @@ def decode(
     out: OutOption = None,
 ) -> None:
     """The engine's decode step against H, the sequences in flight (for `plan calibrate --engine-record`)."""
-    from pipelinerl.bench.decode import DecodeSweepSettings, render, run_decode_sweep, summarize
-    from pipelinerl.bench.report import load_average
+    from pipelinerl.bench.decode import decode_command
 
-    try:
-        values = tuple(int(part) for part in in_flight.split(",") if part.strip())
-        cores = sorted({int(part) for part in cpus.split(",") if part.strip()}) if cpus else []
-        settings = (
-            DecodeSweepSettings.quick(seed=seed, threads=threads)
-            if quick
-            else DecodeSweepSettings(
-                in_flight=values, max_new_tokens=max_new_tokens, repeats=repeats, seed=seed, threads=threads
-            )
-        )
-    except ValueError as error:
-        raise fail(f"--in-flight {in_flight!r} / --cpus {cpus!r}: {error}") from None
-    if missing := sorted(set(cores) - os.sched_getaffinity(0)):
-        raise fail(
-            f"--cpus {cpus!r}: core(s) {missing} are not available here; "
-            f"valid: {sorted(os.sched_getaffinity(0))}"
-        )
-    if cores:
-        os.sched_setaffinity(0, cores)
-    load_before, started_at = load_average(), datetime.now(UTC)
-    path = model_path_or_default(model_path)
-    with progress_display() as progress:
-        points = run_decode_sweep(path, settings, progress)
-    finish(
-        "decode",
-        summarize(points, settings),
-        targets={},
-        settings={**asdict(settings), "cpus": cores, "model": str(path), "quick": quick},
-        out=out,
-        load_before=load_before,
-        started_at=started_at,
-        render=render,
-    )
+    decode_command(in_flight, max_new_tokens, repeats, cpus, model_path, quick, threads, seed, out)
 
 
 @bench_app.command()

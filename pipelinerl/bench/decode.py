@@ -10,8 +10,10 @@ core the run's actor has (``--cpus``): the figure is the engine's alone.
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +125,52 @@ def render(record: dict[str, Any]) -> str:
             else f"| {point['in_flight']} | 0 | — | — |"
         )
     return "\n".join(lines)
+
+
+def decode_command(
+    in_flight: str,
+    max_new_tokens: int,
+    repeats: int,
+    cpus: str | None,
+    model_path: Path | None,
+    quick: bool,
+    threads: int,
+    seed: int,
+    out: Path | None,
+) -> None:
+    """``pipelinerl bench decode``'s work: its options checked (exit 2 naming the bad one), the process
+    confined to ``cpus``, the sweep, the record and its table."""
+    from pipelinerl.bench.cli_support import fail, finish, model_path_or_default, progress_display  # noqa: PLC0415
+    from pipelinerl.bench.report import load_average  # noqa: PLC0415
+
+    try:
+        values = tuple(int(part) for part in in_flight.split(",") if part.strip())
+        cores = sorted({int(part) for part in cpus.split(",") if part.strip()}) if cpus else []
+        settings = (
+            DecodeSweepSettings.quick(seed=seed, threads=threads)
+            if quick
+            else DecodeSweepSettings(
+                in_flight=values, max_new_tokens=max_new_tokens, repeats=repeats, seed=seed, threads=threads
+            )
+        )
+    except ValueError as error:
+        raise fail(f"--in-flight {in_flight!r} / --cpus {cpus!r}: {error}") from None
+    available = os.sched_getaffinity(0)
+    if missing := sorted(set(cores) - available):
+        raise fail(f"--cpus {cpus!r}: core(s) {missing} are not available here; valid: {sorted(available)}")
+    if cores:
+        os.sched_setaffinity(0, cores)
+    load_before, started_at = load_average(), datetime.now(UTC)
+    path = model_path_or_default(model_path)
+    with progress_display() as progress:
+        points = run_decode_sweep(path, settings, progress)
+    finish(
+        "decode",
+        summarize(points, settings),
+        targets={},
+        settings={**asdict(settings), "cpus": cores, "model": str(path), "quick": quick},
+        out=out,
+        load_before=load_before,
+        started_at=started_at,
+        render=render,
+    )
