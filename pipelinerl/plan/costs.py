@@ -11,7 +11,8 @@
   real hardware it is not linear in n (caches, kernels chosen by batch size).
 * A **prefill** of a new prompt costs ``prefill_per_token_s`` per prompt token, on the engine's time.
 * A **trainer step** (one optimizer step on B sequences): ``train_base_s + train_per_token_s * tokens
-  + train_per_sequence_s * sequences``.
+  + train_per_sequence_s * sequences``, times a factor drawn for each step from a lognormal of mean 1
+  and log-spread ``train_step_log_sd`` (0: none), as measured steps spread around their fit.
 * A **weight update** is two costs: the **transfer** (``transfer_s``: the trainer's broadcast, which
   holds the trainer) and the engine's **pause** (``update_pause_s``: what an engine stops decoding for
   to take the weights in, between two decode steps). Below ~8B parameters the pause, not the
