@@ -117,7 +117,7 @@ def read_table(points: tuple[tuple[int, float], ...], in_flight: int) -> float:
     """The step time at ``in_flight`` from the measured points: linear between the two around it; below
     the first, along the first segment, never under the first point's time scaled down by H (a smaller
     batch is not cheaper per sequence); beyond the last, along the last segment, never falling."""
-    index = bisect.bisect_left([h for h, _ in points], in_flight)
+    index = bisect.bisect_left(points, in_flight, key=lambda point: point[0])  # no copy: a hot path
     if index < len(points) and points[index][0] == in_flight:
         return points[index][1]
     segment = min(max(index, 1), len(points) - 1)  # the points on either side, or the nearest two
