@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from pipelinerl.plan.fitting import nonnegative_fit
 from pipelinerl.plan.lengths import EmpiricalLengths, Lengths, parse_lengths
 from pipelinerl.plan.profile import CostProfile, DecodeTable, Figure
 from pipelinerl.platform.tracking import metric_registry as registry
@@ -33,23 +34,6 @@ from pipelinerl.platform.tracking import metric_registry as registry
 
 class CalibrationError(ValueError):
     """Runs that do not hold what a figure is fitted from, naming the run and the figure."""
-
-
-def nonnegative_fit(columns: Sequence[Sequence[float]], target: Sequence[float]) -> list[float]:
-    """Least squares of ``target`` on ``columns`` with every coefficient 0 or more: a column whose
-    coefficient comes out below 0 is dropped (its coefficient 0) and the rest fitted again."""
-    keep = list(range(len(columns)))
-    y = np.asarray(target, dtype=float)
-    while keep:
-        x = np.column_stack([np.asarray(columns[i], dtype=float) for i in keep])
-        solution = np.linalg.lstsq(x, y, rcond=None)[0]
-        if (solution >= 0).all():
-            coefficients = [0.0] * len(columns)
-            for index, value in zip(keep, solution, strict=True):
-                coefficients[index] = float(value)
-            return coefficients
-        keep.pop(int(np.argmin(solution)))
-    return [0.0] * len(columns)
 
 
 def _records(path: Path) -> list[dict[str, Any]]:

@@ -14,8 +14,19 @@ GPU with A actor GPUs and T trainer GPUs:
 
 Before simulating, the cluster must hold the model: an engine's GPUs its bf16 weights (2 bytes a
 parameter) with room for a KV cache (``ENGINE_WEIGHT_SHARE`` of their memory at most), and the trainer
-GPUs its ZeRO-3 state (``TRAIN_BYTES_PER_PARAM``: bf16 weights and gradients, fp32 master weights and
-Adam's two moments, sharded over every trainer GPU) with ``TRAIN_STATE_SHARE`` of their memory at most.
+GPUs its training state under the config's ZeRO stage (``trainer_state_bytes``: bf16 weights and
+gradients, fp32 master weights and Adam's two moments, 16 bytes a parameter, of which stage 1 shards the
+optimizer's 12 over the trainer GPUs, stage 2 also the gradients, stage 3 everything) with
+``TRAIN_STATE_SHARE`` of their memory at most.
+
+Where the profile gives the model's KV bytes a token (``hardware.kv_bytes_per_token``):
+
+* an engine holds at most as many sequences as its KV cache holds at their mean length
+  (``kv_cache_sequences``: ``actor.gpu_memory_utilization`` of its GPUs less the weights, over a
+  sequence's tokens), so H is capped there, as vLLM's scheduler admits no more than its blocks hold;
+* under ZeRO-3 each step also gathers the bf16 weights once more than under stages 0-2 (the ZeRO paper,
+  arXiv 1910.02054 section 7: 1.5 times data parallelism's traffic), at the trainer link's bandwidth
+  (``zero_step_extra_s``; the profile's step figures are for ``hardware.zero_stage``).
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ GIB = 2**30
 GPUS: dict[str, int] = {"H100": 80 * 10**9, "H200": 141 * 10**9, "A100": 80 * 10**9, "L40S": 48 * 10**9}
 ENGINE_WEIGHT_SHARE = 0.5  # an engine's weights may take half its GPUs' memory; the rest is KV cache
 TRAIN_BYTES_PER_PARAM = 16  # bf16 weights (2) + bf16 grads (2) + fp32 master (4) + Adam's moments (8)
+WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12  # of the 16, what ZeRO's stages shard in turn
 TRAIN_STATE_SHARE = 0.7  # what is left holds the activations
 
 CLUSTER_FORM = "actors=<N>x<GPU>,trainers=<N>x<GPU> (e.g. actors=96xH100,trainers=32xH100)"
@@ -102,8 +114,9 @@ def hardware_of(profile: CostProfile) -> Hardware:
     return profile.hardware
 
 
-def check_fits(hardware: Hardware, cluster: Cluster) -> None:
-    """``ClusterError`` if the cluster cannot hold the model: naming the side, the need and the room."""
+def check_fits(hardware: Hardware, cluster: Cluster, zero_stage: int = 3) -> None:
+    """``ClusterError`` if the cluster cannot hold the model (trained under ``zero_stage``): naming the
+    side, the need and the room."""
     if cluster.gpu != hardware.gpu:
         raise ClusterError(
             f"cluster of {cluster.gpu}, profile measured on {hardware.gpu}: plan with a profile of "
@@ -124,15 +137,63 @@ def check_fits(hardware: Hardware, cluster: Cluster) -> None:
             f"engine of {hardware.gpus_per_engine}x{cluster.gpu} with room for its KV cache (at most "
             f"{engine_room / GIB:.0f} GiB); use a profile with more GPUs per engine"
         )
-    state = TRAIN_BYTES_PER_PARAM * params / cluster.trainer_gpus
+    state = trainer_state_bytes(params, cluster.trainer_gpus, zero_stage)
     train_room = TRAIN_STATE_SHARE * memory
     if state > train_room:
-        least = -(-int(TRAIN_BYTES_PER_PARAM * params) // int(train_room))
+        fits = [n for n in range(1, 4097) if trainer_state_bytes(params, n, zero_stage) <= train_room]
+        need = f"at least {fits[0]} trainer GPUs" if fits else "no number of trainer GPUs holds it"
+        if zero_stage < 3:
+            need += f", or a higher trainer.zero_stage (now {zero_stage})"
         raise ClusterError(
             f"trainers={cluster.trainer_gpus}x{cluster.gpu} cannot hold a {hardware.model_params_b:g}B "
-            f"model's training state ({state / GIB:.0f} GiB per GPU under ZeRO-3, at most "
-            f"{train_room / GIB:.0f} GiB): at least {least} trainer GPUs"
+            f"model's training state ({state / GIB:.0f} GiB per GPU under ZeRO-{zero_stage}, at most "
+            f"{train_room / GIB:.0f} GiB): {need}"
         )
+
+
+def trainer_state_bytes(params: float, trainer_gpus: int, zero_stage: int) -> float:
+    """The training state one trainer GPU holds: what ZeRO's stage shards divided among the GPUs."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise ClusterError(f"trainer.zero_stage={zero_stage}: DeepSpeed's stages are 0, 1, 2 and 3")
+    sharded = (
+        (OPTIMIZER_BYTES, OPTIMIZER_BYTES + GRAD_BYTES, TRAIN_BYTES_PER_PARAM)[zero_stage - 1]
+        if zero_stage
+        else 0
+    )
+    return params * ((TRAIN_BYTES_PER_PARAM - sharded) + sharded / trainer_gpus)
+
+
+def kv_cache_sequences(
+    hardware: Hardware, gpu: str, gpu_memory_utilization: float, tokens_per_sequence: float
+) -> int | None:
+    """The sequences an engine's KV cache holds at ``tokens_per_sequence`` each (None: the profile does
+    not give the model's KV bytes a token); ``ClusterError`` if it holds none."""
+    if hardware.kv_bytes_per_token is None:
+        return None
+    room = gpu_memory_utilization * GPUS[gpu] * hardware.gpus_per_engine - 2 * hardware.model_params_b * 1e9
+    sequences = int(room // (hardware.kv_bytes_per_token * tokens_per_sequence)) if room > 0 else 0
+    if sequences < 1:
+        raise ClusterError(
+            f"an engine of {hardware.gpus_per_engine}x{gpu} at actor.gpu_memory_utilization="
+            f"{gpu_memory_utilization} leaves {max(room, 0) / GIB:.1f} GiB for the KV cache, less than one "
+            f"sequence of {tokens_per_sequence:.0f} tokens ({hardware.kv_bytes_per_token} bytes a token); "
+            "raise the utilisation or use a profile with more GPUs per engine"
+        )
+    return sequences
+
+
+def zero_step_extra_s(
+    hardware: Hardware, cluster: Cluster, zero_stage: int, link_bytes_per_s: float
+) -> float:
+    """What a step costs more (or less, below 0) under ``zero_stage`` than under the stage the profile's
+    step figures are for: ZeRO-3 gathers the bf16 weights once more a step than stages 0-2."""
+    if cluster.trainer_gpus == 1:
+        return 0.0
+    gathered = (
+        WEIGHT_BYTES * hardware.model_params_b * 1e9 * (cluster.trainer_gpus - 1) / cluster.trainer_gpus
+    )
+    extra = (zero_stage == 3) - (hardware.zero_stage == 3)
+    return extra * gathered / link_bytes_per_s
 
 
 def engines_on(hardware: Hardware, cluster: Cluster) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import cast
 
 from pipelinerl.plan.lengths import Lengths
+from pipelinerl.plan.transfer import MIB
 from pipelinerl.plan.workload import SIMULATED_MODES, SimulatedMode, Workload
 from pipelinerl.platform.config import PipelineConfig
 
@@ -44,3 +45,8 @@ def workload_from_config(
         drain_lag=run.async_drain_lag,
         recompute=simulated == "pipeline" and config.actor.kv_cache_on_update == "recompute",
     )
+
+
+def bucket_bytes_of(config: PipelineConfig) -> int:
+    """The largest bucket of a weight update the config asks for (``transport.weight_bucket_mib``)."""
+    return config.transport.weight_bucket_mib * MIB

@@ -140,6 +140,11 @@ LENGTH_FORMS = (
 )
 
 
+def mean_length(lengths: Lengths, draws: int = 4096) -> float:
+    """The mean completion length, estimated from a fixed-seed sample (every form of ``Lengths``)."""
+    return float(lengths.sample(np.random.default_rng(0), draws).mean())
+
+
 def parse_lengths(text: str, max_tokens: int) -> Lengths:
     """``fixed:TOKENS``, ``lognormal:MEAN,P90`` or ``loglogistic:MEDIAN,P90`` (cut at ``max_tokens``, the
     run's longest completion);

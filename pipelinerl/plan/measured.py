@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelinerl.plan.calibrate import completion_lengths
-from pipelinerl.plan.from_config import workload_from_config
+from pipelinerl.plan.from_config import bucket_bytes_of, workload_from_config
 from pipelinerl.plan.profile import resolve_profile
 from pipelinerl.plan.simulate import SimulatedRun, simulate
 from pipelinerl.platform.config import PipelineConfig
@@ -72,7 +72,7 @@ def predicted_beside_measured(
     what ``run_dir``'s records measured (``PREDICTION_FILE``'s content)."""
     chosen = resolve_profile(profile)
     workload = workload_from_config(config, completion_lengths([run_dir]), prompt_tokens)
-    run: SimulatedRun = simulate(workload, chosen.cost_model(), config.run.seed)
+    run: SimulatedRun = simulate(workload, chosen.cost_model(bucket_bytes_of(config)), config.run.seed)
     predicted = asdict(run)
     seen = measured(run_dir)
     return {

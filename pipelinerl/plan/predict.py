@@ -25,10 +25,12 @@ from pipelinerl.plan.cluster import (
     check_fits,
     engines_on,
     hardware_of,
+    kv_cache_sequences,
     scaled_costs,
+    zero_step_extra_s,
 )
-from pipelinerl.plan.from_config import workload_from_config
-from pipelinerl.plan.lengths import Lengths
+from pipelinerl.plan.from_config import bucket_bytes_of, workload_from_config
+from pipelinerl.plan.lengths import Lengths, mean_length
 from pipelinerl.plan.profile import CostProfile
 from pipelinerl.plan.simulate import SimulatedRun, simulate
 from pipelinerl.platform.config import PipelineConfig
@@ -71,12 +73,21 @@ def predict(
             workload = replace(workload, train_during_round=False)
         else:
             workload = workload_from_config(config, lengths, prompt_tokens, mode)
-        costs = profile.cost_model()
+        costs = profile.cost_model(bucket_bytes_of(config))
         if on is not None:
             hardware = hardware_of(profile)
-            check_fits(hardware, on)
+            check_fits(hardware, on, config.trainer.zero_stage)
             costs = scaled_costs(costs, hardware, on)
-            workload = replace(workload, engines=engines_on(hardware, on))
+            if profile.transfer is not None:  # the trainer's link: what ZeRO-3's gather goes over
+                extra = zero_step_extra_s(
+                    hardware, on, config.trainer.zero_stage, profile.transfer.bytes_per_s
+                )
+                costs = replace(costs, train_base_s=max(0.0, costs.train_base_s + extra))
+            held = kv_cache_sequences(
+                hardware, on.gpu, config.actor.gpu_memory_utilization, prompt_tokens + mean_length(lengths)
+            )
+            in_flight = workload.in_flight if held is None else min(workload.in_flight, held)
+            workload = replace(workload, engines=engines_on(hardware, on), in_flight=in_flight)
         runs[mode] = simulate(workload, costs, seed)
     return runs
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipelinerl.plan.costs import CostModel
+from pipelinerl.plan.transfer import LinkCosts
 
 FIGURES = tuple(field.name for field in fields(CostModel) if field.name != "decode_table")
 # Figures a profile may leave out: 0, each stage on its own devices (a GPU cluster).
@@ -57,6 +58,10 @@ class Hardware(BaseModel):
     gpus_per_engine: int = Field(ge=1, description="GPUs of one inference engine (tensor parallel size).")
     trainer_gpus: int = Field(ge=1, description="Trainer GPUs the step-time figures were measured with.")
     model_params_b: float = Field(gt=0, description="The model's parameters, in billions.")
+    kv_bytes_per_token: int | None = Field(
+        None, ge=1, description="The model's KV cache a token (2 x layers x KV heads x head dim x 2 bytes)."
+    )
+    zero_stage: int = Field(3, ge=0, le=3, description="The ZeRO stage the trainer's step figures are for.")
     source: str = Field(min_length=1)
 
 
@@ -70,6 +75,24 @@ class DecodeTable(BaseModel):
     source: str = Field(min_length=1)
 
 
+class Transfer(BaseModel):
+    """The weight transfer as its link's costs (``plan/transfer.py``), so the transfer follows the
+    config's bucket size instead of being one figure: with it, ``transfer_s`` is the transfer at the
+    bucket size the profile was measured with, and a config with another bucket size gets its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    link: str = Field(min_length=1, description="What carries the update: gloo through host memory, NCCL ...")
+    bytes_per_s: float = Field(gt=0)
+    per_bucket_s: float = Field(ge=0)
+    fixed_s: float = Field(ge=0)
+    update_bytes: int = Field(ge=1, description="The bytes of one update of the profile's model.")
+    source: str = Field(min_length=1)
+
+    def link_costs(self) -> LinkCosts:
+        return LinkCosts(bytes_per_s=self.bytes_per_s, per_bucket_s=self.per_bucket_s, fixed_s=self.fixed_s)
+
+
 class CostProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -78,6 +101,7 @@ class CostProfile(BaseModel):
     figures: dict[str, Figure]
     decode_table: DecodeTable | None = None
     hardware: Hardware | None = None
+    transfer: Transfer | None = None
 
     @field_validator("figures")
     @classmethod
@@ -90,9 +114,16 @@ class CostProfile(BaseModel):
             raise ValueError(f"missing figure {', '.join(missing)}")
         return figures
 
-    def cost_model(self) -> CostModel:
+    def cost_model(self, bucket_bytes: int | None = None) -> CostModel:
+        """The simulator's costs; with ``bucket_bytes`` (a config's ``transport.weight_bucket_mib``) and a
+        ``transfer`` section, the transfer is the link's time for the profile's model in such buckets."""
         table = tuple(self.decode_table.points) if self.decode_table is not None else ()
-        return CostModel(**{name: figure.value for name, figure in self.figures.items()}, decode_table=table)
+        values = {name: figure.value for name, figure in self.figures.items()}
+        if bucket_bytes is not None and self.transfer is not None:
+            values["transfer_s"] = self.transfer.link_costs().seconds(
+                self.transfer.update_bytes, bucket_bytes
+            )
+        return CostModel(**values, decode_table=table)
 
 
 def load_profile(path: Path) -> CostProfile:

@@ -74,6 +74,7 @@ class SimulatedRun:
     # The mean lag of the trained tokens at each span of positions: (first position, mean lag), the
     # longest completion cut in POSITION_BINS spans (a span no token reached is left out).
     lag_by_position: list[tuple[int, float]] = field(default_factory=list)
+    in_flight: int = 0  # the most sequences an engine held at once (H, or less where the KV cache caps it)
 
 
 class _Sequence(NamedTuple):
@@ -531,6 +532,7 @@ class _Simulation:
                 for span, (lags, tokens) in enumerate(zip(*by_span, strict=True))
                 if tokens
             ],
+            in_flight=self.w.in_flight,
         )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipelinerl.plan.calibrate import calibrate, completion_lengths
 from pipelinerl.plan.contention import fit_alone_speedups
-from pipelinerl.plan.from_config import workload_from_config
+from pipelinerl.plan.from_config import bucket_bytes_of, workload_from_config
 from pipelinerl.plan.measured import measured
 from pipelinerl.plan.simulate import SimulatedRun, simulate
 from pipelinerl.platform.config import PipelineConfig
@@ -87,8 +87,8 @@ def compare(
         profile = calibrate(others, "others", engine_records)
         if contention:
             profile, _ = fit_alone_speedups(profile, others, prompt_tokens)
-        costs = profile.cost_model()
         config = PipelineConfig.model_validate_json((own[0] / "config.json").read_text())
+        costs = profile.cost_model(bucket_bytes_of(config))
         workload = workload_from_config(config, completion_lengths(others), prompt_tokens)
         simulated: list[SimulatedRun] = [simulate(workload, costs, seed) for seed in range(len(own))]
         seen = [measured(run) for run in own]

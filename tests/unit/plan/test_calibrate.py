@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelinerl.plan.calibrate import CalibrationError, calibrate, completion_lengths, nonnegative_fit
+from pipelinerl.plan.calibrate import CalibrationError, calibrate, completion_lengths
+from pipelinerl.plan.fitting import nonnegative_fit
 from pipelinerl.platform.tracking import metric_registry as registry
 
 

@@ -121,7 +121,9 @@ def test_the_recommended_split_is_the_fastest_and_the_reason_names_its_neighbour
     """An engine of 2 GPUs writes 32 sequences of 20 tokens in 4 s (8 samples/s); the trainer takes
     16 samples in 0.1 + 2.56 x 4 / T s. On 12 GPUs: 2 actor GPUs starve the trainer, 10 leave it the
     bottleneck; the best split is between, with the trainer waiting below it and the actors above."""
-    config = load_config(None, ["rl.batch_size=16", "actor.max_in_flight=32", "run.max_steps=12"])
+    config = load_config(
+        None, ["rl.batch_size=16", "actor.max_in_flight=32", "run.max_steps=12", "trainer.zero_stage=3"]
+    )
     profile = gpu_profile(decode_base_s=0.2, train_base_s=0.1, train_per_token_s=0.008)
     cluster = Cluster(6, 6, "H100")
     points = list(
