@@ -49,6 +49,17 @@ TRANSFER_SOURCE = {
     "README: 'under 300ms' (7B, H20); NeMo-RL nccl-reshard-refit.md: 0.21-0.34 s (4B, H100)",
     "32B": "huggingface/trl PR #7131: '32B weight sync is ~2.3s' (Qwen3-32B, 16+16 H200)",
 }
+# The trainer's link to the engines, as the transfer's cost model (plan/transfer.py) reads it: the bytes
+# over InfiniBand at the ~40 GB/s the 7B anchor above assumes, a cost a bucket (an estimate: an NCCL
+# broadcast's latency and launch, tens to hundreds of microseconds), and the rest of each anchored
+# transfer as a fixed cost, at the platform's default bucket size.
+LINK = "NCCL over InfiniBand (about 40 GB/s)"
+LINK_BYTES_PER_S = 40e9
+PER_BUCKET_S = 0.2e-3
+ANCHOR_BUCKET_BYTES = 32 * 2**20  # transport.weight_bucket_mib's default
+# The trainer's step estimates are taken as ZeRO-3's: the stage of the reference PipelineRL's DeepSpeed
+# configuration (ServiceNow/PipelineRL conf/deepspeed/deepspeed_stage3_*.json).
+ZERO_STAGE = 3
 # The reference PipelineRL (ServiceNow/PipelineRL pipelinerl/vllm1.py @ 58d39345) pauses generation for
 # the whole per-tensor broadcast: the pause is the transfer and the pause's own cost (~0.03-0.1 s: TRL PR
 # #7178, 0.030 s; marin issue #8955, median 0.107 s).
@@ -119,6 +130,9 @@ def profile(gpu: str, model: Model) -> dict[str, object]:
             "transfer + 0.05 s (TRL PR #7178: 0.030 s; marin issue #8955: median 0.107 s)",
         ),
     }
+    update_bytes = int(2 * model.params)  # bf16
+    buckets = -(-update_bytes // ANCHOR_BUCKET_BYTES)
+    fixed = max(0.0, transfer - update_bytes / LINK_BYTES_PER_S - buckets * PER_BUCKET_S)
     return {
         "name": f"{gpu.lower()}-{model.size.lower()}",
         "description": (
@@ -131,7 +145,20 @@ def profile(gpu: str, model: Model) -> dict[str, object]:
             "gpus_per_engine": tp,
             "trainer_gpus": TRAINER_GPUS,
             "model_params_b": round(model.params / 1e9, 3),
-            "source": model.source,
+            "kv_bytes_per_token": model.kv_bytes_per_token,
+            "zero_stage": ZERO_STAGE,
+            "source": f"{model.source}; the step estimates taken as ZeRO-{ZERO_STAGE}'s (the reference "
+            "PipelineRL's DeepSpeed configuration)",
+        },
+        "transfer": {
+            "link": LINK,
+            "bytes_per_s": LINK_BYTES_PER_S,
+            "per_bucket_s": PER_BUCKET_S,
+            "fixed_s": float(f"{fixed:.4g}"),
+            "update_bytes": update_bytes,
+            "source": f"the bytes at {LINK_BYTES_PER_S / 1e9:g} GB/s and {PER_BUCKET_S * 1e3:g} ms a bucket "
+            f"(estimates); the fixed cost what is left of the anchored transfer_s ({transfer} s) in "
+            f"{ANCHOR_BUCKET_BYTES >> 20} MiB buckets",
         },
     }
 

@@ -66,6 +66,7 @@ CASES = [
             "actor.max_new_tokens=28672",
             "run.steps_per_round=16",
             "transport.queue_size=2048",
+            "trainer.zero_stage=3",  # verl's FSDP shards everything, as ZeRO-3 does
         ],  # fmt: skip
         "h100-7b",
         Cluster(16, 16, "H100"),
@@ -83,6 +84,7 @@ CASES = [
             "actor.max_new_tokens=4096",
             "run.steps_per_round=1",
             "transport.queue_size=2048",
+            "trainer.zero_stage=3",  # NeMo-RL's DTensor (FSDP2) policy shards everything, as ZeRO-3 does
         ],  # fmt: skip
         "h100-7b",
         Cluster(8, 32, "H100"),
@@ -118,6 +120,8 @@ CASES = [
 
 def profile_with(base: str | CostProfile, figures: dict[str, float]) -> CostProfile:
     profile = resolve_profile(base) if isinstance(base, str) else base.model_copy(deep=True)
+    if "transfer_s" in figures:  # the case's own transfer, not the link's for the config's buckets
+        profile.transfer = None
     for figure, value in figures.items():
         profile.figures[figure] = profile.figures[figure].model_copy(
             update={"value": value, "source": "the published case's own figure"}

@@ -28,7 +28,8 @@ import numpy as np
 
 from pipelinerl.plan.fitting import nonnegative_fit
 from pipelinerl.plan.lengths import EmpiricalLengths, Lengths, parse_lengths
-from pipelinerl.plan.profile import CostProfile, DecodeTable, Figure
+from pipelinerl.plan.profile import CostProfile, DecodeTable, Figure, Transfer
+from pipelinerl.plan.transfer import MIB, LinkCosts, MeasuredUpdate, fit_link
 from pipelinerl.platform.tracking import metric_registry as registry
 
 
@@ -93,9 +94,57 @@ def decode_table_from(engine_records: Sequence[Path]) -> DecodeTable:
     return DecodeTable(points=points, source=f"pipelinerl bench decode records {names} ({values})")
 
 
-def calibrate(run_dirs: Iterable[Path], name: str, engine_records: Sequence[Path] = ()) -> CostProfile:
+def link_from(weights_records: Sequence[Path]) -> tuple[LinkCosts, str]:
+    """The weight link's costs fitted from ``pipelinerl bench weights`` records (every bucket size they
+    measured), and a description of where they come from; ``CalibrationError`` naming a file that is
+    not such a record."""
+    updates: list[MeasuredUpdate] = []
+    for path in weights_records:
+        try:
+            record = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise CalibrationError(
+                f"--weights-record {str(path)!r}: cannot be read as JSON ({error})"
+            ) from None
+        rows = record.get("bucket_sizes") if isinstance(record, dict) else None
+        if not isinstance(record, dict) or record.get("benchmark") != "weights" or not rows:
+            kind = record.get("benchmark") if isinstance(record, dict) else type(record).__name__
+            raise CalibrationError(
+                f"--weights-record {str(path)!r}: a `pipelinerl bench weights` record is needed "
+                f"(this is {kind!r})"
+            )
+        update_bytes = int(float(record["model_mib"]) * MIB)
+        updates += [
+            MeasuredUpdate(
+                update_bytes, int(row["buckets_per_update"]), float(row["update_ms_median"]) / 1000
+            )
+            for row in rows
+        ]
+    try:
+        link = fit_link(updates)
+    except ValueError as error:
+        raise CalibrationError(f"--weights-record {', '.join(map(str, weights_records))}: {error}") from None
+    names = ", ".join(Path(path).name for path in weights_records)
+    return link, f"fitted on {len(updates)} bucket sizes of pipelinerl bench weights records {names}"
+
+
+def update_bytes_of(run: Path) -> int:
+    """The bytes of one weight update of ``run``'s model: its final checkpoint's weights."""
+    files = sorted((run / "final").glob("*.safetensors"))
+    if not files:
+        raise CalibrationError(f"{run}: no final/*.safetensors, so the bytes of an update are not known")
+    return sum(path.stat().st_size for path in files)
+
+
+def calibrate(
+    run_dirs: Iterable[Path],
+    name: str,
+    engine_records: Sequence[Path] = (),
+    weights_records: Sequence[Path] = (),
+) -> CostProfile:
     """The profile fitted from ``run_dirs``' records (and the decode step from ``engine_records``, ``bench
-    decode`` records, when given); ``CalibrationError`` naming what is missing."""
+    decode`` records, the weight link from ``weights_records``, ``bench weights`` records, when given);
+    ``CalibrationError`` naming what is missing."""
     table = decode_table_from(engine_records) if engine_records else None
     runs = [Path(run_dir) for run_dir in run_dirs]
     if not runs:
@@ -176,8 +225,30 @@ def calibrate(run_dirs: Iterable[Path], name: str, engine_records: Sequence[Path
             source=f"median weights/update_pause_ms of {len(pauses)} actor updates of {shown}",
         ),
     }
+    transfer = None
+    if weights_records:
+        link, link_source = link_from(weights_records)
+        update_bytes = update_bytes_of(runs[0])
+        config = json.loads((runs[0] / "config.json").read_text())
+        bucket_bytes = int(config["transport"]["weight_bucket_mib"]) * MIB
+        # The runs' own transfers beyond what the link's bytes and buckets explain: the notice and
+        # hand-over, a fixed cost (0 if the link alone is slower than the runs were).
+        fixed = max(0.0, figures["transfer_s"].value - link.seconds(update_bytes, bucket_bytes))
+        transfer = Transfer(
+            link="the weight group's link as pipelinerl bench weights measured it",
+            bytes_per_s=link.bytes_per_s,
+            per_bucket_s=link.per_bucket_s,
+            fixed_s=fixed,
+            update_bytes=update_bytes,
+            source=f"{link_source}; the update's bytes from {runs[0].name}/final; the fixed cost what is "
+            f"left of the runs' median transfer in their {bucket_bytes // MIB} MiB buckets",
+        )
     profile = CostProfile(
-        name=name, description=f"calibrated from {shown}", figures=figures, decode_table=table
+        name=name,
+        description=f"calibrated from {shown}",
+        figures=figures,
+        decode_table=table,
+        transfer=transfer,
     )
     try:
         profile.cost_model()

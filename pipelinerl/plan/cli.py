@@ -126,6 +126,15 @@ def show_runs(made: Plan, as_json: bool) -> None:
     if made.asked["cluster"]:
         console.print(f"on {made.asked['cluster']}", highlight=False)
     console.print(figures_table(runs))
+    asked_h = made.asked.get("max_in_flight")
+    for mode, run in runs.items():
+        if asked_h and run.in_flight < asked_h:
+            console.print(
+                f"{mode}: an engine's KV cache holds {run.in_flight} sequences at the mean length, not "
+                f"actor.max_in_flight={asked_h}: H is capped there (as vLLM admits no more than it holds)",
+                highlight=False,
+                soft_wrap=True,
+            )
     first, *others = list(runs)
     ratios = speedups(runs)
     for other in others:
@@ -157,6 +166,7 @@ def sweep_table(name: str, points: list[SweepPoint]) -> Table:
 def figures_table(runs: dict[str, SimulatedRun]) -> Table:
     table = Table("figure", *runs)
     rows = [
+        ("sequences an engine holds (H)", lambda r: f"{r.in_flight:,}"),
         ("time to the last step (s)", lambda r: f"{r.seconds:,.1f}"),
         ("samples/s", lambda r: f"{r.samples_per_s:,.2f}"),
         ("samples/s after the first step", lambda r: f"{r.steady_samples_per_s:,.2f}"),
@@ -199,10 +209,18 @@ def calibrate_command(
             "read by the simulator as a table instead of the runs' straight-line fit.",
         ),
     ] = None,
+    weights_records: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--weights-record",
+            help="A `pipelinerl bench weights` record (repeatable): the weight link's bandwidth and cost a "
+            "bucket, so the transfer follows a config's transport.weight_bucket_mib.",
+        ),
+    ] = None,
 ) -> None:
     """Fit a cost profile from finished runs' records (plan/calibrate.py says from which)."""
     try:
-        profile = calibrate(run_dirs, name, engine_records or ())
+        profile = calibrate(run_dirs, name, engine_records or (), weights_records or ())
         if shared_cores:
             profile, _ = fit_alone_speedups(profile, run_dirs, prompt_tokens)
     except (CalibrationError, ValueError) as error:
@@ -214,6 +232,15 @@ def calibrate_command(
     if profile.decode_table is not None:
         points = ", ".join(f"{h}: {1000 * step:.3g} ms" for h, step in profile.decode_table.points)
         table.add_row("decode_table", points, "H: s", profile.decode_table.source)
+    if profile.transfer is not None:
+        link = profile.transfer
+        table.add_row(
+            "transfer (link)",
+            f"{link.bytes_per_s / 1e9:.3g} GB/s, {1000 * link.per_bucket_s:.3g} ms a bucket, "
+            f"{1000 * link.fixed_s:.3g} ms fixed",
+            f"{link.update_bytes / 2**20:.1f} MiB an update",
+            link.source,
+        )
     console.print(table)
     console.print(f"profile written to {out}", highlight=False)
 

@@ -18,6 +18,7 @@ SETTINGS = [
     "actor.max_new_tokens=8192",
     "run.steps_per_round=32",
     "transport.queue_size=1024",
+    "trainer.zero_stage=3",  # the reference's DeepSpeed configuration
 ]
 CLUSTER = Cluster(48, 80, "H100")
 PROFILE = "h100-7b"

@@ -72,6 +72,7 @@ def make_plan(
         "prompt_tokens": prompt_tokens,
         "sweep": sweep,
         "seed": seed,
+        "max_in_flight": config.actor.max_in_flight,
     }
     if sweep is None:
         return Plan(asked, runs=predict(config, chosen, lengths, modes, prompt_tokens, planned, seed))

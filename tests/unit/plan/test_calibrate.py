@@ -102,3 +102,44 @@ def test_the_trainer_steps_spread_around_the_fit_is_measured(tmp_path) -> None:
     noisy = write_run(tmp_path / "noisy", noisy_steps, [actor(8), actor(16)])
     spread = calibrate([noisy], "x").figures["train_step_log_sd"]
     assert spread.value == pytest.approx(np.log(1.2), rel=0.05) and "4 steps" in spread.source
+
+
+def weights_record(path: Path, model_mib: float, rows: list[tuple[int, float]]) -> Path:
+    """A ``bench weights`` record: (buckets of an update, median ms) at each bucket size."""
+    path.write_text(
+        json.dumps(
+            {
+                "benchmark": "weights",
+                "model_mib": model_mib,
+                "bucket_sizes": [{"buckets_per_update": b, "update_ms_median": ms} for b, ms in rows],
+            }
+        )
+    )
+    return path
+
+
+def test_a_weights_record_gives_the_link_and_the_runs_the_fixed_cost(tmp_path) -> None:
+    """Updates of 100 MiB at 1 GB/s and 2 ms a bucket; the runs' 200 MiB model in 32 MiB buckets (7 of
+    them) took 40 ms more than the link explains: that is the fixed cost."""
+    mib = 2**20
+    rows = [(b, 1000 * (100 * mib / 1e9 + 0.002 * b)) for b in (100, 25, 4)]
+    record = weights_record(tmp_path / "weights.json", 100, rows)
+    link_s = 200 * mib / 1e9 + 7 * 0.002
+    run = write_run(tmp_path / "a", [step(t, broadcast_ms=1000 * (link_s + 0.04)) for t in (1000, 2000)],
+                    [actor(8), actor(16)])  # fmt: skip
+    (run / "config.json").write_text(json.dumps({"transport": {"weight_bucket_mib": 32}}))
+    with pytest.raises(CalibrationError, match="no final/\\*.safetensors"):
+        calibrate([run], "linked", weights_records=[record])
+    (run / "final").mkdir()
+    (run / "final" / "model.safetensors").write_bytes(b"\0" * (200 * mib))
+    profile = calibrate([run], "linked", weights_records=[record])
+    assert profile.transfer is not None
+    assert profile.transfer.bytes_per_s == pytest.approx(1e9, rel=1e-6)
+    assert profile.transfer.per_bucket_s == pytest.approx(0.002, rel=1e-6)
+    assert profile.transfer.fixed_s == pytest.approx(0.04, rel=1e-6)
+    assert profile.cost_model(32 * mib).transfer_s == pytest.approx(link_s + 0.04)  # the runs' own
+    assert profile.cost_model(mib).transfer_s == pytest.approx(200 * mib / 1e9 + 200 * 0.002 + 0.04)
+    decode = tmp_path / "decode.json"
+    decode.write_text(json.dumps({"benchmark": "decode", "points": []}))
+    with pytest.raises(CalibrationError, match="a `pipelinerl bench weights` record is needed .*'decode'"):
+        calibrate([run], "linked", weights_records=[decode])
