@@ -76,6 +76,11 @@ def main() -> None:
         default=[],
         help="a `pipelinerl bench decode` record of the actor's engine on its core (repeatable)",
     )
+    parser.add_argument(
+        "--engine-alone",
+        action="store_true",
+        help="read the decode records as they are, not scaled to the other runs' actors",
+    )
     args = parser.parse_args()
     seeds = [int(seed) for seed in args.seeds.split(",")]
     runs: dict[str, list[Path]] = {}
@@ -85,14 +90,20 @@ def main() -> None:
             directory = args.directory / f"config{index}-seed{seed}"
             runs.setdefault(name, []).append(run_once(directory, args.steps, seed, settings))
     comparisons = compare(
-        runs, PROMPT_TOKENS, contention=not args.no_contention, engine_records=args.engine_record
+        runs,
+        PROMPT_TOKENS,
+        contention=not args.no_contention,
+        engine_records=args.engine_record,
+        scale_table_to_runs=not args.engine_alone,
     )
     print(markdown_table(comparisons))
     within = sum(c.all_within for c in comparisons)
     print(f"\n{within} of {len(comparisons)} configurations within every tolerance")
     if args.profile_out is not None:
         every = [run for group in runs.values() for run in group]
-        profile = calibrate(every, args.profile_out.stem, args.engine_record)
+        profile = calibrate(
+            every, args.profile_out.stem, args.engine_record, scale_table_to_runs=not args.engine_alone
+        )
         if not args.no_contention:
             profile, _ = fit_alone_speedups(profile, every, PROMPT_TOKENS)
         profile.description = (

@@ -94,6 +94,9 @@ def run_decode_sweep(
                 "step_s": in_flight / median if median else None,
                 "sequences": workload.num_sequences,
                 "tokens_per_sequence": statistics.median(run.useful_tokens / run.sequences for run in runs),
+                # The engine held fewer than H on average (refills in whole groups, the drain at the end):
+                # a decode step of that many takes mean_in_flight / tokens/s.
+                "mean_in_flight": statistics.median(run.mean_in_flight for run in runs),
             }
         )
         if task is not None:
@@ -115,14 +118,19 @@ def summarize(points: list[dict[str, Any]], settings: DecodeSweepSettings) -> di
 
 
 def render(record: dict[str, Any]) -> str:
-    lines = ["| H | tokens/s | decode step (ms) | tokens a sequence |", "|---|---|---|---|"]
+    lines = [
+        "| H | held on average | tokens/s | decode step of H (ms) | of those held (ms) | tokens a sequence |",
+        "|---|---|---|---|---|---|",
+    ]
     for point in record["points"]:
-        step = point["step_s"]
+        step, held = point["step_s"], point.get("mean_in_flight")
+        if step is None:
+            lines.append(f"| {point['in_flight']} | — | 0 | — | — | — |")
+            continue
+        of_held = f"{1000 * held / point['tokens_per_s']:.2f}" if held else "—"
         lines.append(
-            f"| {point['in_flight']} | {point['tokens_per_s']:,.0f} | {1000 * step:.2f} | "
-            f"{point['tokens_per_sequence']:.1f} |"
-            if step is not None
-            else f"| {point['in_flight']} | 0 | — | — |"
+            f"| {point['in_flight']} | {f'{held:.1f}' if held else '—'} | {point['tokens_per_s']:,.0f} | "
+            f"{1000 * step:.2f} | {of_held} | {point['tokens_per_sequence']:.1f} |"
         )
     return "\n".join(lines)
 

@@ -33,6 +33,9 @@ class GenerationStats:
     raw_tokens: int = 0  # token slots computed, padding included (= useful for the engine)
     finished: int = 0  # sequences that ended with EOS
     wall_s: float = 0.0
+    # The sequences in flight integrated over the wall time (run_continuous): over wall_s, how many the
+    # engine held on average, below H by the refills in whole groups and the drain at the end.
+    occupied_s: float = 0.0
     # CPU seconds of this process and its children (every thread; vLLM computes in its engine-core
     # and worker processes) over the run: on a machine whose cores other work shares, tokens per
     # CPU second compares two generators more steadily than wall time does.
@@ -44,6 +47,10 @@ class GenerationStats:
     @property
     def useful_tokens_per_s(self) -> float:
         return self.useful_tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def mean_in_flight(self) -> float:
+        return self.occupied_s / self.wall_s if self.wall_s else 0.0
 
     @property
     def raw_tokens_per_s(self) -> float:
@@ -74,6 +81,7 @@ class GenerationStats:
             "raw_tokens_per_s": self.raw_tokens_per_s,
             "sequences_per_s": self.sequences_per_s,
             "mean_completion_tokens": self.mean_completion_tokens,
+            "mean_in_flight": self.mean_in_flight,
         }
 
 
@@ -164,6 +172,7 @@ def run_continuous(
             name="bench-updates",
         )
     started, cpu_started = time.perf_counter(), process_tree_cpu_s()
+    since = started
     if updater is not None:
         updater.start()
     exhausted = False
@@ -178,7 +187,11 @@ def run_continuous(
                     break
                 for prompt in group:
                     engine.submit(uuid.uuid4().hex, prompt)
+            held = engine.num_in_flight
             completed = engine.poll(timeout_s=0.02)
+            now = time.perf_counter()
+            stats.occupied_s += held * (now - since)  # held from the last refill until this poll ended
+            since = now
             if engine.num_in_flight:
                 generating.set()
             for sequence in completed:

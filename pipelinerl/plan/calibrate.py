@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from pipelinerl.plan.costs import read_table
 from pipelinerl.plan.fitting import nonnegative_fit
 from pipelinerl.plan.lengths import EmpiricalLengths, Lengths, parse_lengths
 from pipelinerl.plan.profile import CostProfile, DecodeTable, Figure, Transfer
@@ -64,9 +65,13 @@ def _rate_name(records: list[dict[str, Any]]) -> str:
 
 
 def decode_table_from(engine_records: Sequence[Path]) -> DecodeTable:
-    """The decode step at each H measured by ``pipelinerl bench decode`` records (the median where
-    several measured the same H); ``CalibrationError`` naming a file that is not such a record."""
-    by_in_flight: dict[int, list[float]] = {}
+    """The decode step against the sequences in flight, measured by ``pipelinerl bench decode`` records
+    (the median where several measured the same H); ``CalibrationError`` naming a file that is not such a
+    record. A sweep at H held fewer than H on average (it refills whole groups and drains at the end);
+    where the record says how many (``mean_in_flight``), the point is that many sequences and the step
+    they took (mean_in_flight ÷ tokens/s), since the simulator refills and drains by itself; older
+    records give H and H ÷ tokens/s."""
+    by_in_flight: dict[float, list[float]] = {}
     for path in engine_records:
         try:
             record = json.loads(Path(path).read_text())
@@ -81,17 +86,43 @@ def decode_table_from(engine_records: Sequence[Path]) -> DecodeTable:
                 f"(this is {kind!r})"
             )
         for point in record["points"]:
-            if point.get("step_s"):
-                by_in_flight.setdefault(int(point["in_flight"]), []).append(float(point["step_s"]))
+            if not point.get("step_s"):
+                continue
+            held = point.get("mean_in_flight")
+            if held:
+                step = float(point["step_s"]) * float(held) / float(point["in_flight"])
+                by_in_flight.setdefault(round(float(held), 2), []).append(step)
+            else:
+                by_in_flight.setdefault(float(point["in_flight"]), []).append(float(point["step_s"]))
     points = sorted((in_flight, statistics.median(steps)) for in_flight, steps in by_in_flight.items())
     if len(points) < 2:
         shown = ", ".join(str(path) for path in engine_records)
         raise CalibrationError(
             f"--engine-record {shown}: {len(points)} value(s) of H measured; 2 or more needed"
         )
-    values = ", ".join(f"H={h}: {1000 * step:.2f} ms" for h, step in points)
+    values = ", ".join(f"{h:g} in flight: {1000 * step:.2f} ms" for h, step in points)
     names = ", ".join(Path(path).name for path in engine_records)
     return DecodeTable(points=points, source=f"pipelinerl bench decode records {names} ({values})")
+
+
+def table_in_runs(table: DecodeTable, decoding: Sequence[dict[str, Any]], shown: str) -> DecodeTable:
+    """``table`` (the engine alone) scaled to the runs' actors: an actor in a run writes slower than its
+    engine alone (its other threads: the weights' receipt and checks, the rollouts' sending; the
+    trainer's work beside it), so each record's decode step (in flight ÷ its busy rate) over the table's
+    step at that many in flight, and the table times the median of those ratios."""
+    points = tuple(table.points)
+    ratios = [
+        float(r[registry.ACTOR_IN_FLIGHT])
+        / _decode_rate(r)
+        / read_table(points, float(r[registry.ACTOR_IN_FLIGHT]))
+        for r in decoding
+    ]
+    factor = statistics.median(ratios)
+    return DecodeTable(
+        points=[(held, step * factor) for held, step in points],
+        source=f"{table.source}; times {factor:.3f}, the median ratio of {len(ratios)} actor records of "
+        f"{shown} (in flight ÷ {_rate_name(list(decoding))}) to the table at their in flight",
+    )
 
 
 def link_from(weights_records: Sequence[Path]) -> tuple[LinkCosts, str]:
@@ -141,10 +172,13 @@ def calibrate(
     name: str,
     engine_records: Sequence[Path] = (),
     weights_records: Sequence[Path] = (),
+    scale_table_to_runs: bool = True,
 ) -> CostProfile:
     """The profile fitted from ``run_dirs``' records (and the decode step from ``engine_records``, ``bench
     decode`` records, the weight link from ``weights_records``, ``bench weights`` records, when given);
-    ``CalibrationError`` naming what is missing."""
+    ``CalibrationError`` naming what is missing. With a decode table and runs whose actors recorded
+    their rate with sequences in flight, the table is scaled to what those actors wrote
+    (``table_in_runs``) unless ``scale_table_to_runs`` is false."""
     table = decode_table_from(engine_records) if engine_records else None
     runs = [Path(run_dir) for run_dir in run_dirs]
     if not runs:
@@ -177,6 +211,8 @@ def calibrate(
     fitted = [base + per_token * t + per_sequence * n for t, n in zip(tokens, samples, strict=True)]
     log_ratios = [math.log(s / f) for s, f in zip(step_s, fitted, strict=True) if s > 0 and f > 0]
     step_log_sd = statistics.pstdev(log_ratios) if len(log_ratios) > 1 else 0.0
+    if table is not None and decoding and scale_table_to_runs:
+        table = table_in_runs(table, decoding, shown)
     if table is not None:  # the linear form's figures from the table, which the simulator reads instead
         in_flight = [float(h) for h, _ in table.points]
         decode_s = [step for _, step in table.points]

@@ -47,7 +47,7 @@ class CostModel:
     # lognormal of mean 1 with this spread, so a slow step's backlog shows in the lag)
     train_step_log_sd: float = 0.0
     # (H, seconds of a decode step of H sequences), H ascending: replaces base + per-sequence when given
-    decode_table: tuple[tuple[int, float], ...] = ()
+    decode_table: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         check_decode_table(self.decode_table)
@@ -97,7 +97,7 @@ class CostModel:
         return self.train_base_s + self.train_per_token_s * tokens + self.train_per_sequence_s * sequences
 
 
-def check_decode_table(points: tuple[tuple[int, float], ...]) -> None:
+def check_decode_table(points: tuple[tuple[float, float], ...]) -> None:
     """A decode table is empty, or 2 or more points of distinct H (1 or more, ascending) and a step time
     above 0 each; ``ValueError`` naming the point otherwise."""
     if not points:
@@ -113,7 +113,7 @@ def check_decode_table(points: tuple[tuple[int, float], ...]) -> None:
             raise ValueError(f"decode_table point {index} (H={in_flight}): H must ascend")
 
 
-def read_table(points: tuple[tuple[int, float], ...], in_flight: int) -> float:
+def read_table(points: tuple[tuple[float, float], ...], in_flight: int) -> float:
     """The step time at ``in_flight`` from the measured points: linear between the two around it; below
     the first, along the first segment, never under the first point's time scaled down by H (a smaller
     batch is not cheaper per sequence); beyond the last, along the last segment, never falling."""

@@ -70,7 +70,9 @@ class DecodeTable(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    points: list[tuple[int, float]] = Field(description="(H, seconds of a decode step of H sequences)")
+    points: list[tuple[float, float]] = Field(
+        description="(sequences in flight, seconds of a decode step of that many)"
+    )
     unit: str = "s"
     source: str = Field(min_length=1)
 

@@ -66,11 +66,13 @@ def compare(
     contention: bool = True,
     predict: Sequence[str] | None = None,
     engine_records: Sequence[Path] = (),
+    scale_table_to_runs: bool = True,
 ) -> list[Comparison]:
     """Each configuration of ``runs`` (its name -> its runs' directories, which differ only in their
     seeds; those named in ``predict`` when given) predicted from the others' runs and compared with its
     own; its config is its first run's; ``engine_records`` (``bench decode``) give the decode step at each
-    H, which the runs' records would otherwise fit as a straight line. Without them the others must hold
+    H, which the runs' records would otherwise fit as a straight line (scaled to the other runs' actors
+    unless ``scale_table_to_runs`` is false: ``calibrate.table_in_runs``). Without them the others must hold
     actor records taken with sequences in flight (``plan calibrate``): a conventional run's are taken
     between rounds, so it cannot be the only other run."""
     if len(runs) < 2:
@@ -84,7 +86,7 @@ def compare(
         if not own:
             raise ValueError(f"configuration {name!r} has no run")
         others = [run for key, group in runs.items() if key != name for run in group]
-        profile = calibrate(others, "others", engine_records)
+        profile = calibrate(others, "others", engine_records, scale_table_to_runs=scale_table_to_runs)
         if contention:
             profile, _ = fit_alone_speedups(profile, others, prompt_tokens)
         config = PipelineConfig.model_validate_json((own[0] / "config.json").read_text())

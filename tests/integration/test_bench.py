@@ -186,10 +186,15 @@ def test_bench_decode_quick_feeds_plan_calibrate(
     assert [point["in_flight"] for point in record["points"]] == [4, 8]
     for point in record["points"]:
         assert point["step_s"] == pytest.approx(point["in_flight"] / point["tokens_per_s"])
-    assert "| H | tokens/s | decode step (ms) |" in result.stdout
+        # Refilled in whole groups and drained at the end: fewer than H held on average, but some.
+        assert 0 < point["mean_in_flight"] <= point["in_flight"]
+    assert "| H | held on average | tokens/s | decode step of H (ms) |" in result.stdout
 
-    table = decode_table_from([out])
-    assert [h for h, _ in table.points] == [4, 8] and "decode" in table.source
+    table = decode_table_from([out])  # the step of the sequences held, not of H
+    held = [point["mean_in_flight"] for point in record["points"]]
+    assert [h for h, _ in table.points] == pytest.approx(sorted(held), abs=0.01) and "decode" in table.source
+    for (h, step), point in zip(table.points, record["points"], strict=True):
+        assert step == pytest.approx(h / point["tokens_per_s"], rel=1e-3)
     with pytest.raises(CalibrationError, match="bench decode` record is needed .*'engine'"):
         decode_table_from([engine_record[0]])
 

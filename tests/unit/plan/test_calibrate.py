@@ -143,3 +143,32 @@ def test_a_weights_record_gives_the_link_and_the_runs_the_fixed_cost(tmp_path) -
     decode.write_text(json.dumps({"benchmark": "decode", "points": []}))
     with pytest.raises(CalibrationError, match="a `pipelinerl bench weights` record is needed .*'decode'"):
         calibrate([run], "linked", weights_records=[decode])
+
+
+def test_the_engine_alone_is_scaled_to_what_the_runs_actors_wrote(tmp_path) -> None:
+    """The sweep's engine alone takes 10 ms at 8 in flight and 20 ms at 32; the run's actor wrote 20 %
+    slower at both (its records' busy rates): the profile's table is the sweep's times 1.2, unless
+    asked to keep the engine alone. A sweep's point that says how many it held on average is read
+    there, at the step of that many."""
+    record = tmp_path / "decode.json"
+    record.write_text(
+        json.dumps(
+            {
+                "benchmark": "decode",
+                "points": [
+                    {"in_flight": 8, "step_s": 0.01},  # an older record: H and H / tokens/s
+                    {"in_flight": 40, "step_s": 0.025, "mean_in_flight": 32},  # 32 held: 0.02 s a step
+                ],
+            }
+        )
+    )
+    records = [
+        {registry.ACTOR_IN_FLIGHT: n, registry.ACTOR_BUSY_TOKENS_PER_S: n / (1.2 * step)}
+        for n, step in ((8, 0.01), (32, 0.02), (20, 0.015))
+    ]
+    run = write_run(tmp_path / "a", [step(t) for t in (1000, 2000)], records)
+    scaled = calibrate([run], "scaled", engine_records=[record]).cost_model()
+    assert [h for h, _ in scaled.decode_table] == [8, 32]
+    assert [step for _, step in scaled.decode_table] == pytest.approx([0.012, 0.024])
+    alone = calibrate([run], "alone", engine_records=[record], scale_table_to_runs=False).cost_model()
+    assert [step for _, step in alone.decode_table] == pytest.approx([0.01, 0.02])
