@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 from pipelinerl.plan.calibrate import calibrate
-from pipelinerl.plan.contention import fit_alone_speedups
-from pipelinerl.plan.validation import compare, markdown_table
+from pipelinerl.plan.validation import CONTENTIONS, compare, markdown_table, with_contention
 
 # Issue 27's set: pipeline at three values of H, conventional rounds of G=8 steps with and without
 # training during the round, and async mode; the embedded default otherwise (B=32, 4 samples a prompt).
@@ -62,8 +61,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24, help="a multiple of 8: whole rounds")
     parser.add_argument("--seeds", default="0,1,2", help="runs of each configuration, one per seed")
     parser.add_argument(
-        "--no-contention", action="store_true", help="leave the stages' sharing of cores out of the profiles"
+        "--contention",
+        choices=CONTENTIONS,
+        default="simulate",
+        help="how the stages' sharing of the machine enters the profiles (plan/validation.py)",
     )
+    parser.add_argument("--no-contention", action="store_true", help="the same as --contention none")
     parser.add_argument(
         "--profile-out",
         type=Path,
@@ -82,6 +85,7 @@ def main() -> None:
         help="read the decode records as they are, not scaled to the other runs' actors",
     )
     args = parser.parse_args()
+    contention = "none" if args.no_contention else args.contention
     seeds = [int(seed) for seed in args.seeds.split(",")]
     runs: dict[str, list[Path]] = {}
     for index, (name, settings) in enumerate(CONFIGURATIONS.items()):
@@ -92,7 +96,7 @@ def main() -> None:
     comparisons = compare(
         runs,
         PROMPT_TOKENS,
-        contention=not args.no_contention,
+        contention=contention,
         engine_records=args.engine_record,
         scale_table_to_runs=not args.engine_alone,
     )
@@ -104,8 +108,7 @@ def main() -> None:
         profile = calibrate(
             every, args.profile_out.stem, args.engine_record, scale_table_to_runs=not args.engine_alone
         )
-        if not args.no_contention:
-            profile, _ = fit_alone_speedups(profile, every, PROMPT_TOKENS)
+        profile = with_contention(profile, every, PROMPT_TOKENS, contention)
         profile.description = (
             "this machine's kind (2 CPU cores, the embedded default: the tiny model, arithmetic; the actor "
             f"and the trainer on a core each), calibrated on the {len(every)} runs of "

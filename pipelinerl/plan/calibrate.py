@@ -38,14 +38,14 @@ class CalibrationError(ValueError):
     """Runs that do not hold what a figure is fitted from, naming the run and the figure."""
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
+def read_records(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     lines = path.read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def _decode_rate(record: dict[str, Any]) -> float:
+def decode_rate(record: dict[str, Any]) -> float:
     """The actor's tokens per second of decoding: of its busy time (neither idle nor paused for an
     update) where the record has it, else (runs before it was recorded) of all its time."""
     return float(record.get(registry.ACTOR_BUSY_TOKENS_PER_S, record.get(registry.ACTOR_TOKENS_PER_S, 0.0)))
@@ -113,7 +113,7 @@ def table_in_runs(table: DecodeTable, decoding: Sequence[dict[str, Any]], shown:
     points = tuple(table.points)
     ratios = [
         float(r[registry.ACTOR_IN_FLIGHT])
-        / _decode_rate(r)
+        / decode_rate(r)
         / read_table(points, float(r[registry.ACTOR_IN_FLIGHT]))
         for r in decoding
     ]
@@ -167,6 +167,23 @@ def update_bytes_of(run: Path) -> int:
     return sum(path.stat().st_size for path in files)
 
 
+def fit_trainer_steps(steps: Sequence[dict[str, Any]]) -> tuple[float, float, float, float]:
+    """The trainer step's fixed, per-token and per-sequence costs (least squares of ``trainer/step_s``
+    on the step's tokens, and its sequences where the steps differ in them; none below 0) and the
+    steps' spread around the fit (the standard deviation of log(step / fitted))."""
+    tokens = [float(r[registry.TRAINER_TOKENS]) for r in steps]
+    samples = [float(r[registry.TRAINER_SAMPLES]) for r in steps]
+    step_s = [float(r[registry.TRAINER_STEP_S]) for r in steps]
+    ones = [1.0] * len(steps)
+    if len(set(samples)) > 1:
+        base, per_token, per_sequence = nonnegative_fit([ones, tokens, samples], step_s)
+    else:
+        (base, per_token), per_sequence = nonnegative_fit([ones, tokens], step_s), 0.0
+    fitted = [base + per_token * t + per_sequence * n for t, n in zip(tokens, samples, strict=True)]
+    log_ratios = [math.log(s / f) for s, f in zip(step_s, fitted, strict=True) if s > 0 and f > 0]
+    return base, per_token, per_sequence, statistics.pstdev(log_ratios) if len(log_ratios) > 1 else 0.0
+
+
 def calibrate(
     run_dirs: Iterable[Path],
     name: str,
@@ -188,29 +205,20 @@ def calibrate(
     for run in runs:
         if not (run / "metrics.jsonl").exists():
             raise CalibrationError(f"{run}: no metrics.jsonl (not a run directory, or no step was trained)")
-        steps += [r for r in _records(run / "metrics.jsonl") if registry.TRAINER_STEP_S in r]
-        actors += [r for path in sorted(run.glob("actor*.jsonl")) for r in _records(path)]
+        steps += [r for r in read_records(run / "metrics.jsonl") if registry.TRAINER_STEP_S in r]
+        actors += [r for path in sorted(run.glob("actor*.jsonl")) for r in read_records(path)]
     shown = ", ".join(run.name for run in runs)
     if len(steps) < 2:
         raise CalibrationError(f"{shown}: {len(steps)} trainer steps recorded; the fit needs 2 or more")
-    decoding = [r for r in actors if r.get(registry.ACTOR_IN_FLIGHT, 0) > 0 and _decode_rate(r) > 0]
+    decoding = [r for r in actors if r.get(registry.ACTOR_IN_FLIGHT, 0) > 0 and decode_rate(r) > 0]
     if not decoding and table is None:
         raise CalibrationError(
             f"{shown}: no actor record with sequences in flight and a token rate (a conventional or async "
             "run's are taken between rounds or drains); add a run in pipeline mode, or --engine-record"
         )
 
-    tokens = [float(r[registry.TRAINER_TOKENS]) for r in steps]
+    base, per_token, per_sequence, step_log_sd = fit_trainer_steps(steps)
     samples = [float(r[registry.TRAINER_SAMPLES]) for r in steps]
-    step_s = [float(r[registry.TRAINER_STEP_S]) for r in steps]
-    ones = [1.0] * len(steps)
-    if len(set(samples)) > 1:
-        base, per_token, per_sequence = nonnegative_fit([ones, tokens, samples], step_s)
-    else:
-        (base, per_token), per_sequence = nonnegative_fit([ones, tokens], step_s), 0.0
-    fitted = [base + per_token * t + per_sequence * n for t, n in zip(tokens, samples, strict=True)]
-    log_ratios = [math.log(s / f) for s, f in zip(step_s, fitted, strict=True) if s > 0 and f > 0]
-    step_log_sd = statistics.pstdev(log_ratios) if len(log_ratios) > 1 else 0.0
     if table is not None and decoding and scale_table_to_runs:
         table = table_in_runs(table, decoding, shown)
     if table is not None:  # the linear form's figures from the table, which the simulator reads instead
@@ -218,7 +226,7 @@ def calibrate(
         decode_s = [step for _, step in table.points]
     else:
         in_flight = [float(r[registry.ACTOR_IN_FLIGHT]) for r in decoding]
-        decode_s = [n / _decode_rate(r) for n, r in zip(in_flight, decoding, strict=True)]
+        decode_s = [n / decode_rate(r) for n, r in zip(in_flight, decoding, strict=True)]
     decode_base, decode_per_sequence = nonnegative_fit([[1.0] * len(decode_s), in_flight], decode_s)
     broadcasts = [
         float(r[registry.WEIGHTS_BROADCAST_MS]) / 1000 for r in steps if registry.WEIGHTS_BROADCAST_MS in r
@@ -248,7 +256,7 @@ def calibrate(
         "train_step_log_sd": Figure(
             value=step_log_sd,
             unit="sd of log(step / fitted step)",
-            source=f"the spread of the {len(log_ratios)} steps of {shown} around the fitted step time",
+            source=f"the spread of the {len(steps)} steps of {shown} around the fitted step time",
         ),
         "transfer_s": Figure(
             value=statistics.median(broadcasts) if broadcasts else 0.0,

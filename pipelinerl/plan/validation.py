@@ -13,11 +13,14 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 from pipelinerl.plan.calibrate import calibrate, completion_lengths
 from pipelinerl.plan.contention import fit_alone_speedups
+from pipelinerl.plan.contention_split import split_contention
 from pipelinerl.plan.from_config import bucket_bytes_of, workload_from_config
 from pipelinerl.plan.measured import measured
+from pipelinerl.plan.profile import CostProfile
 from pipelinerl.plan.simulate import SimulatedRun, simulate
 from pipelinerl.platform.config import PipelineConfig
 
@@ -53,6 +56,23 @@ class Comparison:
         return all(self.within.values())
 
 
+# How the stages' sharing of the machine enters a profile: not at all (each stage on devices of its
+# own), fitted by simulating the runs (plan/contention.py), or read off the runs' modes
+# (plan/contention_split.py).
+Contention = Literal["none", "simulate", "modes"]
+CONTENTIONS: tuple[str, ...] = get_args(Contention)
+
+
+def with_contention(
+    profile: CostProfile, runs: Sequence[Path], prompt_tokens: int, contention: Contention
+) -> CostProfile:
+    if contention == "simulate":
+        return fit_alone_speedups(profile, runs, prompt_tokens)[0]
+    if contention == "modes":
+        return split_contention(profile, runs)
+    return profile
+
+
 def within_tolerance(figure: str, measured_value: float, predicted_value: float) -> bool:
     tolerance, kind = TOLERANCES[figure]
     if kind == "relative":
@@ -63,7 +83,7 @@ def within_tolerance(figure: str, measured_value: float, predicted_value: float)
 def compare(
     runs: Mapping[str, Sequence[Path]],
     prompt_tokens: int,
-    contention: bool = True,
+    contention: Contention = "simulate",
     predict: Sequence[str] | None = None,
     engine_records: Sequence[Path] = (),
     scale_table_to_runs: bool = True,
@@ -87,8 +107,7 @@ def compare(
             raise ValueError(f"configuration {name!r} has no run")
         others = [run for key, group in runs.items() if key != name for run in group]
         profile = calibrate(others, "others", engine_records, scale_table_to_runs=scale_table_to_runs)
-        if contention:
-            profile, _ = fit_alone_speedups(profile, others, prompt_tokens)
+        profile = with_contention(profile, others, prompt_tokens, contention)
         config = PipelineConfig.model_validate_json((own[0] / "config.json").read_text())
         costs = profile.cost_model(bucket_bytes_of(config))
         workload = workload_from_config(config, completion_lengths(others), prompt_tokens)

@@ -1,0 +1,103 @@
+"""Stages that share a machine, read off the runs' modes: each stage's cost beside the other and alone.
+
+On a machine whose stages share a memory system (this 2-core machine: the actor and the trainer on a
+core each, one L3 cache and memory bus), each stage runs slower while the other computes. The runs'
+modes say when that was: in ``pipeline`` and ``async`` runs the two compute together (**beside**); in
+a conventional run that trains only between rounds (``run.train_during_round=false``) each computes
+while the other waits (**alone**). A conventional run that trains during the round is some of both
+and is left out. So:
+
+* the trainer's step is fitted on the *beside* runs' steps (the profile's costs are "with the other
+  stage busy", ``plan/costs.py``), and ``trainer_alone_speedup`` is 1 minus the median of the *alone*
+  steps over that fit at their tokens;
+* the decode step (``profile.decode_table``, already scaled to the pipeline runs' actors by
+  ``calibrate.table_in_runs``) is the actor beside the trainer, and ``actor_alone_speedup`` is 1 minus
+  the median of the *alone* runs' decode step (H ÷ their actor's busy rate, H its config's) over the
+  table at H.
+
+Unlike ``plan/contention.py``'s fit by simulation, nothing here is searched: each figure is a ratio of
+measured times, and a figure whose runs are missing keeps the profile's value.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pipelinerl.plan.calibrate import decode_rate, fit_trainer_steps, read_records
+from pipelinerl.plan.profile import CostProfile, Figure
+from pipelinerl.platform.config import PipelineConfig
+from pipelinerl.platform.tracking import metric_registry as registry
+
+Company = Literal["beside", "alone", "mixed"]
+
+
+def company(config: PipelineConfig) -> Company:
+    """Whether a run's trainer stepped while its actor decoded (beside), never did (alone), or both."""
+    if config.run.mode in ("pipeline", "async"):
+        return "beside"
+    return "mixed" if config.run.train_during_round else "alone"
+
+
+def split_contention(profile: CostProfile, run_dirs: Sequence[Path]) -> CostProfile:
+    """``profile`` with its trainer step fitted on the runs that stepped beside the actor and both
+    stages' speed-ups alone measured on the runs where each computed alone (the module says how)."""
+    beside: list[Path] = []
+    alone: list[Path] = []
+    for run in run_dirs:
+        config = PipelineConfig.model_validate_json((run / "config.json").read_text())
+        {"beside": beside, "alone": alone, "mixed": []}[company(config)].append(run)
+    if not beside or not alone:
+        return profile
+    figures = dict(profile.figures)
+    beside_steps = _steps(beside)
+    base, per_token, per_sequence, log_sd = fit_trainer_steps(beside_steps)
+    named = ", ".join(run.name for run in beside)
+    source = (
+        f"fitted on the {len(beside_steps)} steps of {named}, beside the actor (plan/contention_split.py)"
+    )
+    for figure, value in (
+        ("train_base_s", base),
+        ("train_per_token_s", per_token),
+        ("train_per_sequence_s", per_sequence),
+        ("train_step_log_sd", log_sd),
+    ):
+        figures[figure] = figures[figure].model_copy(update={"value": value, "source": source})
+    costs = profile.model_copy(update={"figures": figures}).cost_model()
+    alone_names = ", ".join(run.name for run in alone)
+    ratios = [
+        float(r[registry.TRAINER_STEP_S])
+        / costs.train_step_s(int(r[registry.TRAINER_TOKENS]), int(r[registry.TRAINER_SAMPLES]))
+        for r in _steps(alone)
+    ]
+    figures["trainer_alone_speedup"] = Figure(
+        value=max(0.0, 1.0 - statistics.median(ratios)),
+        unit="share of a trainer step",
+        source=f"1 - the median of {len(ratios)} steps of {alone_names} (the actor waiting) over the fit "
+        "beside it",
+    )
+    decode = []
+    for run in alone:
+        config = PipelineConfig.model_validate_json((run / "config.json").read_text())
+        held = config.actor.max_in_flight
+        for record in _actor_records(run):
+            if decode_rate(record) > 0:
+                decode.append(held / decode_rate(record) / costs.decode_step_s(held, 0))
+    if decode:
+        figures["actor_alone_speedup"] = Figure(
+            value=max(0.0, 1.0 - statistics.median(decode)),
+            unit="share of a decode step",
+            source=f"1 - the median of {len(decode)} actor records of {alone_names} (the trainer waiting: "
+            "H / the busy rate) over the decode step at H",
+        )
+    return profile.model_copy(update={"figures": figures})
+
+
+def _steps(runs: Sequence[Path]) -> list[dict[str, Any]]:
+    return [r for run in runs for r in read_records(run / "metrics.jsonl") if registry.TRAINER_STEP_S in r]
+
+
+def _actor_records(run: Path) -> list[dict[str, Any]]:
+    return [r for path in sorted(run.glob("actor*.jsonl")) for r in read_records(path)]
