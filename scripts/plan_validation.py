@@ -80,9 +80,9 @@ def main() -> None:
         help="a `pipelinerl bench decode` record of the actor's engine on its core (repeatable)",
     )
     parser.add_argument(
-        "--engine-alone",
+        "--scale-table",
         action="store_true",
-        help="read the decode records as they are, not scaled to the other runs' actors",
+        help="scale the decode records (the engine alone) to what the other runs' actors wrote",
     )
     args = parser.parse_args()
     contention = "none" if args.no_contention else args.contention
@@ -98,7 +98,7 @@ def main() -> None:
         PROMPT_TOKENS,
         contention=contention,
         engine_records=args.engine_record,
-        scale_table_to_runs=not args.engine_alone,
+        scale_table_to_runs=args.scale_table,
     )
     print(markdown_table(comparisons))
     within = sum(c.all_within for c in comparisons)
@@ -106,7 +106,7 @@ def main() -> None:
     if args.profile_out is not None:
         every = [run for group in runs.values() for run in group]
         profile = calibrate(
-            every, args.profile_out.stem, args.engine_record, scale_table_to_runs=not args.engine_alone
+            every, args.profile_out.stem, args.engine_record, scale_table_to_runs=args.scale_table
         )
         profile = with_contention(profile, every, PROMPT_TOKENS, contention)
         profile.description = (

@@ -2,9 +2,11 @@
 
 For each H of a sweep the engine generates the embedded task's prompts, G samples each, refilling
 whole groups as the actor does, with up to H in flight (``engine_measure.run_continuous``); a decode
-step of H sequences writes H tokens, so it takes H ÷ tokens/s (the median of the repeats). The record's
+step writes a token of every sequence held, so with ``mean_in_flight`` held on average (below H: the
+refills wait for a whole group's room, and the last wave drains) a step takes mean_in_flight ÷ tokens/s
+(the median of the repeats; ``step_s`` is H ÷ tokens/s, as older records give it). The record's
 ``points`` are what ``pipelinerl plan calibrate --engine-record`` turns into the simulator's decode-step
-table (``plan/costs.py``): measured at each H, not assumed linear in it. On a CPU, give the engine the
+table (``plan/costs.py``), at the sequences held: measured, not assumed linear in them. On a CPU, give the engine the
 core the run's actor has (``--cpus``): the figure is the engine's alone.
 """
 

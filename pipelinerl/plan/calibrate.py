@@ -66,12 +66,12 @@ def _rate_name(records: list[dict[str, Any]]) -> str:
 
 def decode_table_from(engine_records: Sequence[Path]) -> DecodeTable:
     """The decode step against the sequences in flight, measured by ``pipelinerl bench decode`` records
-    (the median where several measured the same H); ``CalibrationError`` naming a file that is not such a
+    (the medians where several measured the same H); ``CalibrationError`` naming a file that is not such a
     record. A sweep at H held fewer than H on average (it refills whole groups and drains at the end);
     where the record says how many (``mean_in_flight``), the point is that many sequences and the step
     they took (mean_in_flight ÷ tokens/s), since the simulator refills and drains by itself; older
     records give H and H ÷ tokens/s."""
-    by_in_flight: dict[float, list[float]] = {}
+    by_in_flight: dict[int, list[tuple[float, float]]] = {}  # H -> (held, seconds) of each record
     for path in engine_records:
         try:
             record = json.loads(Path(path).read_text())
@@ -88,13 +88,16 @@ def decode_table_from(engine_records: Sequence[Path]) -> DecodeTable:
         for point in record["points"]:
             if not point.get("step_s"):
                 continue
-            held = point.get("mean_in_flight")
-            if held:
-                step = float(point["step_s"]) * float(held) / float(point["in_flight"])
-                by_in_flight.setdefault(round(float(held), 2), []).append(step)
-            else:
-                by_in_flight.setdefault(float(point["in_flight"]), []).append(float(point["step_s"]))
-    points = sorted((in_flight, statistics.median(steps)) for in_flight, steps in by_in_flight.items())
+            in_flight = int(point["in_flight"])
+            held = float(point.get("mean_in_flight") or in_flight)
+            step = float(point["step_s"]) * held / in_flight
+            by_in_flight.setdefault(in_flight, []).append((held, step))
+    # Several records of one H make one point (the medians), never near neighbours whose noise would
+    # be read as a slope.
+    points = sorted(
+        (round(statistics.median(h for h, _ in measured), 2), statistics.median(s for _, s in measured))
+        for measured in by_in_flight.values()
+    )
     if len(points) < 2:
         shown = ", ".join(str(path) for path in engine_records)
         raise CalibrationError(
@@ -189,13 +192,13 @@ def calibrate(
     name: str,
     engine_records: Sequence[Path] = (),
     weights_records: Sequence[Path] = (),
-    scale_table_to_runs: bool = True,
+    scale_table_to_runs: bool = False,
 ) -> CostProfile:
     """The profile fitted from ``run_dirs``' records (and the decode step from ``engine_records``, ``bench
     decode`` records, the weight link from ``weights_records``, ``bench weights`` records, when given);
     ``CalibrationError`` naming what is missing. With a decode table and runs whose actors recorded
-    their rate with sequences in flight, the table is scaled to what those actors wrote
-    (``table_in_runs``) unless ``scale_table_to_runs`` is false."""
+    their rate with sequences in flight, ``scale_table_to_runs`` scales the table to what those actors
+    wrote (``table_in_runs``)."""
     table = decode_table_from(engine_records) if engine_records else None
     runs = [Path(run_dir) for run_dir in run_dirs]
     if not runs:

@@ -113,7 +113,7 @@ def check_decode_table(points: tuple[tuple[float, float], ...]) -> None:
             raise ValueError(f"decode_table point {index} (H={in_flight}): H must ascend")
 
 
-def read_table(points: tuple[tuple[float, float], ...], in_flight: int) -> float:
+def read_table(points: tuple[tuple[float, float], ...], in_flight: float) -> float:
     """The step time at ``in_flight`` from the measured points: linear between the two around it; below
     the first, along the first segment, never under the first point's time scaled down by H (a smaller
     batch is not cheaper per sequence); beyond the last, along the last segment, never falling."""

@@ -86,13 +86,13 @@ def compare(
     contention: Contention = "simulate",
     predict: Sequence[str] | None = None,
     engine_records: Sequence[Path] = (),
-    scale_table_to_runs: bool = True,
+    scale_table_to_runs: bool = False,
 ) -> list[Comparison]:
     """Each configuration of ``runs`` (its name -> its runs' directories, which differ only in their
     seeds; those named in ``predict`` when given) predicted from the others' runs and compared with its
     own; its config is its first run's; ``engine_records`` (``bench decode``) give the decode step at each
     H, which the runs' records would otherwise fit as a straight line (scaled to the other runs' actors
-    unless ``scale_table_to_runs`` is false: ``calibrate.table_in_runs``). Without them the others must hold
+    with ``scale_table_to_runs``: ``calibrate.table_in_runs``). Without them the others must hold
     actor records taken with sequences in flight (``plan calibrate``): a conventional run's are taken
     between rounds, so it cannot be the only other run."""
     if len(runs) < 2:

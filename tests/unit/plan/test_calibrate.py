@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelinerl.plan.calibrate import CalibrationError, calibrate, completion_lengths
+from pipelinerl.plan.calibrate import CalibrationError, calibrate, completion_lengths, decode_table_from
 from pipelinerl.plan.fitting import nonnegative_fit
 from pipelinerl.platform.tracking import metric_registry as registry
 
@@ -167,8 +167,30 @@ def test_the_engine_alone_is_scaled_to_what_the_runs_actors_wrote(tmp_path) -> N
         for n, step in ((8, 0.01), (32, 0.02), (20, 0.015))
     ]
     run = write_run(tmp_path / "a", [step(t) for t in (1000, 2000)], records)
-    scaled = calibrate([run], "scaled", engine_records=[record]).cost_model()
+    scaled = calibrate([run], "scaled", engine_records=[record], scale_table_to_runs=True).cost_model()
     assert [h for h, _ in scaled.decode_table] == [8, 32]
     assert [step for _, step in scaled.decode_table] == pytest.approx([0.012, 0.024])
-    alone = calibrate([run], "alone", engine_records=[record], scale_table_to_runs=False).cost_model()
+    alone = calibrate([run], "alone", engine_records=[record]).cost_model()  # the default
     assert [step for _, step in alone.decode_table] == pytest.approx([0.01, 0.02])
+
+
+def test_records_of_one_h_make_one_point_of_their_medians(tmp_path) -> None:
+    """Two sweeps held 59.2 and 59.6 sequences on average at H=64: one point at their medians, not two
+    neighbours 0.4 apart whose 2 ms of noise would read as a slope of 5 ms a sequence."""
+    paths = []
+    for index, (held, tokens_per_s) in enumerate(((59.2, 1900.0), (59.6, 1800.0))):
+        path = tmp_path / f"decode{index}.json"
+        points = [
+            {"in_flight": 32, "tokens_per_s": 2000.0, "step_s": 32 / 2000.0, "mean_in_flight": 30.0},
+            {
+                "in_flight": 64,
+                "tokens_per_s": tokens_per_s,
+                "step_s": 64 / tokens_per_s,
+                "mean_in_flight": held,
+            },
+        ]
+        path.write_text(json.dumps({"benchmark": "decode", "points": points}))
+        paths.append(path)
+    table = decode_table_from(paths)
+    assert [h for h, _ in table.points] == [30.0, 59.4]
+    assert table.points[1][1] == pytest.approx((59.2 / 1900 + 59.6 / 1800) / 2)

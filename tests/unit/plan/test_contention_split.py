@@ -48,7 +48,9 @@ def test_each_stage_alone_is_measured_where_the_other_waited(tmp_path) -> None:
     )
     mixed = write_run(tmp_path / "conventional", ["run.mode=conventional"], 5.0, [])
     runs = [beside, alone, mixed]
-    profile = split_contention(calibrate(runs, "split", engine_records=[table]), runs)
+    profile = split_contention(
+        calibrate(runs, "split", engine_records=[table], scale_table_to_runs=True), runs
+    )
     costs = profile.cost_model()
     assert costs.train_step_s(1200, 32) == pytest.approx(0.6)  # the pipeline run's steps only
     assert costs.trainer_alone_speedup == pytest.approx(0.25)
