@@ -6,8 +6,8 @@ step writes a token of every sequence held, so with ``mean_in_flight`` held on a
 refills wait for a whole group's room, and the last wave drains) a step takes mean_in_flight ÷ tokens/s
 (the median of the repeats; ``step_s`` is H ÷ tokens/s, as older records give it). The record's
 ``points`` are what ``pipelinerl plan calibrate --engine-record`` turns into the simulator's decode-step
-table (``plan/costs.py``), at the sequences held: measured, not assumed linear in them. On a CPU, give the engine the
-core the run's actor has (``--cpus``): the figure is the engine's alone.
+table (``plan/costs.py``), at the sequences held: measured, not assumed linear in them. On a CPU, give
+the engine the core the run's actor has (``--cpus``): the figure is the engine's alone.
 """
 
 from __future__ import annotations
