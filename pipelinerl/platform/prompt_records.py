@@ -9,6 +9,11 @@ A run's records of its train prompts, under ``prompts/`` in the run directory:
   ``stale`` for ``rl.max_lag``, ``incomplete_group`` past the bound on incomplete groups), how many of
   its rollouts, and the step it was building. A restart moves the drops of discarded steps aside with
   the rest of their records (``restart_records``).
+* ``trainer_dropped.rank<r>.jsonl``: one line per rollout trainer rank ``r`` refused at its boundary
+  (``wire.impossible_values``: token ids outside its vocabulary, a version newer than its own,
+  non-finite numbers): its group, reason ``rejected_by_trainer`` with the detail, and the version the
+  step would have made (a restart sets the discarded versions' lines aside, as above). Its prompt is
+  dropped if no other member of its group was trained.
 
 What was trained is read from the surviving lineage's batch records (``batches/``, the exact batches
 the steps trained, ``trainer.record_batches``).
@@ -43,6 +48,22 @@ def handed_out_path(run_dir: Path, actor_id: int) -> Path:
 
 def dropped_prompts_path(run_dir: Path) -> Path:
     return run_dir / PROMPTS_DIR / "dropped.jsonl"
+
+
+TRAINER_DROPS = "trainer_dropped.rank*.jsonl"  # in PROMPTS_DIR, one file a trainer rank
+REJECTED_BY_TRAINER = "rejected_by_trainer"
+
+
+def trainer_dropped_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / PROMPTS_DIR / f"trainer_dropped.rank{rank}.jsonl"
+
+
+def all_drops(run_dir: Path) -> list[dict[str, Any]]:
+    """Every drop the run recorded: the preprocessor's and each trainer rank's."""
+    drops = _lines(dropped_prompts_path(run_dir))
+    for path in sorted((run_dir / PROMPTS_DIR).glob(TRAINER_DROPS)):
+        drops += _lines(path)
+    return drops
 
 
 class PromptAuditError(ValueError):
@@ -159,6 +180,6 @@ def audit_run(run_dir: Path, ranks: int) -> PromptAudit:
     return audit_prompts(
         {k: v for k, v in handed.items() if v},
         trained,
-        _lines(dropped_prompts_path(run_dir)),
+        all_drops(run_dir),
         len(step_records(run_dir)),
     )

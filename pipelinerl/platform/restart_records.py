@@ -28,6 +28,7 @@ from typing import Any
 
 from pipelinerl.platform.atomic_file import write_atomically
 from pipelinerl.platform.batch_records import BATCHES_DIR
+from pipelinerl.platform.prompt_records import PROMPTS_DIR, TRAINER_DROPS
 from pipelinerl.platform.step_digests import DIGESTS_DIR
 from pipelinerl.platform.tracking.metric_registry import ACTOR_IN_FLIGHT, QUEUE_ROLLOUTS
 
@@ -141,6 +142,8 @@ def discard_after(
     aside = run_dir / DISCARDED_DIR / f"attempt{attempt}"
     files = {run_dir / name: version_of for name, version_of in VERSIONED_FILES.items()}
     files.update({path: _version for path in run_dir.glob(ACTOR_FILES)})
+    # A trainer's refusals carry the version their step would have made.
+    files.update({path: _version for path in (run_dir / PROMPTS_DIR).glob(TRAINER_DROPS)})
     for path, version_of in files.items():
         kept, thrown = _split(path, version_of, resumed_from_version)
         if path.exists():

@@ -54,6 +54,8 @@ from pipelinerl.platform.checkpoint import (
 )
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.dtypes import policy_dtype
+from pipelinerl.platform.jsonl import JsonlWriter
+from pipelinerl.platform.prompt_records import REJECTED_BY_TRAINER, trainer_dropped_path
 from pipelinerl.platform.step_digests import (
     StepDigests,
     parameter_digests,
@@ -184,8 +186,10 @@ class Trainer:
         self.consumed: set[str] = set()
         if config.run.resume_from is not None:
             self._resume(config.run.resume_from)
-        # Sequences refused at this boundary (wire.impossible_values) and other messages than batches.
+        # Sequences refused at this boundary (wire.impossible_values) and other messages than batches;
+        # each refused sequence also by its prompt, for `pipelinerl runs audit` (platform/prompt_records).
         self.rejected = 0
+        self.refusals = JsonlWriter(trainer_dropped_path(run_dir, rank))
         self.vocab_size = int(self.engine.module.get_input_embeddings().num_embeddings)
         self.max_sequence_tokens = model_positions(self.engine.module.config)
         self.max_completion_tokens = config.actor.max_new_tokens
@@ -328,6 +332,17 @@ class Trainer:
                 kept.append(sequence)
                 continue
             self.rejected += 1
+            self.refusals.write(
+                {
+                    "group_id": sequence.group_id,
+                    "rollout_id": sequence.rollout_id[:64],
+                    "reason": REJECTED_BY_TRAINER,
+                    "detail": reason,
+                    "policy_version": self.policy_version + 1,  # the version its step makes
+                    "rank": self.rank,
+                    registry.TIME: time.time(),
+                }
+            )
             logger.warning(
                 "batch %d: rejected sequence %r (%d so far): %s",
                 batch.batch_index,
@@ -531,6 +546,7 @@ class Trainer:
         if self.publisher is not None:
             self.publisher.shutdown(f"trainer finished at version {self.policy_version}")
         self.batches.close()
+        self.refusals.close()
 
 
 def placed_rank(flag: int | None, environ: Mapping[str, str], num_processes: int) -> int:

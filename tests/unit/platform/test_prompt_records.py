@@ -4,10 +4,17 @@ by a resume or trained twice is found and named."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from pipelinerl.platform.checkpoint import train_group_id
-from pipelinerl.platform.prompt_records import audit_prompts
+from pipelinerl.platform.prompt_records import (
+    REJECTED_BY_TRAINER,
+    all_drops,
+    audit_prompts,
+    trainer_dropped_path,
+)
 
 
 def handed(positions: list[int], attempt: float) -> list[dict[str, Any]]:
@@ -64,3 +71,20 @@ def test_drops_of_other_groups_and_strangers_are_ignored() -> None:
     dropped = [{"group_id": "stranger-group", "reason": "incomplete_group"}, {"reason": "stale"}]
     [actor] = audit_prompts({0: records}, trained((0, "1a")), dropped, versions=1).actors
     assert actor.ok and actor.in_flight_at_end == [1] and not actor.dropped
+
+
+def test_a_prompt_whose_rollouts_the_trainer_refused_is_dropped_with_that_reason(tmp_path: Path) -> None:
+    """The trainer refused every member of prompt 1's group (their records, one file a rank): the
+    audit reads its drops beside the preprocessor's and counts the prompt dropped, not in flight."""
+    group = train_group_id(0, 1, "1a")
+    refused = {"group_id": group, "reason": REJECTED_BY_TRAINER, "detail": "token id 70000 >= vocab"}
+    trainer_dropped_path(tmp_path, 1).parent.mkdir(parents=True)
+    trainer_dropped_path(tmp_path, 1).write_text(json.dumps(refused) + "\n")
+    (tmp_path / "prompts" / "dropped.jsonl").write_text(
+        json.dumps({"group_id": train_group_id(0, 2, "1a"), "reason": "zero_variance"}) + "\n"
+    )
+    drops = all_drops(tmp_path)
+    assert [d["reason"] for d in drops] == ["zero_variance", REJECTED_BY_TRAINER]
+    [actor] = audit_prompts({0: handed([0, 1, 2], 1.0)}, trained((0, "1a")), drops, versions=1).actors
+    assert actor.ok and actor.trained_once == 1 and not actor.in_flight_at_end
+    assert actor.dropped == {REJECTED_BY_TRAINER: 1, "zero_variance": 1}

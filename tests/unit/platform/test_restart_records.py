@@ -9,6 +9,7 @@ from pipelinerl.platform.restart_records import discard_after, read_restarts
 
 
 def write_lines(path: Path, records: list[dict], tail: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
 
 
@@ -35,6 +36,10 @@ def crashed_run(run_dir: Path) -> None:
     (run_dir / "batches").mkdir()
     for version in range(1, 6):
         (run_dir / "tokens" / f"step_{version:06d}_rank0.npz").write_bytes(b"x")
+    # Trainer ranks' refusals of the steps that would make versions 2 and 5.
+    for rank, version in ((0, 2), (1, 5)):
+        drop = {"group_id": f"a0-p{version}-x", "reason": "rejected_by_trainer", "policy_version": version}
+        write_lines(run_dir / "prompts" / f"trainer_dropped.rank{rank}.jsonl", [drop])
     (run_dir / "digests").mkdir()
     for version in range(1, 7):  # step 6's batch was written, its metrics line was cut
         (run_dir / "batches" / f"step_{version:06d}_rank0.batch").write_bytes(b"x")
@@ -57,6 +62,10 @@ def test_records_after_the_resumed_version_are_set_aside_and_counted(tmp_path: P
     assert [r["policy_version"] for r in read_lines(run_dir / "eval.jsonl")] == [2]
     aside = run_dir / "discarded" / "attempt1"
     assert [r["policy_version"] for r in read_lines(aside / "metrics.jsonl")] == [4, 5]
+    # A trainer's refusal goes with the step it was refused from.
+    assert [r["policy_version"] for r in read_lines(run_dir / "prompts/trainer_dropped.rank0.jsonl")] == [2]
+    assert read_lines(run_dir / "prompts/trainer_dropped.rank1.jsonl") == []
+    assert [r["policy_version"] for r in read_lines(aside / "trainer_dropped.rank1.jsonl")] == [5]
     assert [r["step"] for r in read_lines(aside / "preprocessor.jsonl")] == [3, 4, 5, 6]
     assert sorted(p.name for p in (run_dir / "tokens").iterdir()) == [
         f"step_{v:06d}_rank0.npz" for v in (1, 2, 3)
