@@ -13,6 +13,14 @@ from pathlib import Path
 from typing import Any
 
 
+def append_record(path: Path, record: dict[str, Any]) -> None:
+    """Append one record to ``path`` (created with its folder on the first): for rare records, where
+    a file held open by every run for none would only clutter the run directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
 class JsonlWriter:
     """Append records to one file, one JSON object per line, flushed line by line (thread-safe)."""
 

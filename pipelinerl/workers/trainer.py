@@ -54,7 +54,7 @@ from pipelinerl.platform.checkpoint import (
 )
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.dtypes import policy_dtype
-from pipelinerl.platform.jsonl import JsonlWriter
+from pipelinerl.platform.jsonl import append_record
 from pipelinerl.platform.prompt_records import REJECTED_BY_TRAINER, trainer_dropped_path
 from pipelinerl.platform.step_digests import (
     StepDigests,
@@ -189,7 +189,7 @@ class Trainer:
         # Sequences refused at this boundary (wire.impossible_values) and other messages than batches;
         # each refused sequence also by its prompt, for `pipelinerl runs audit` (platform/prompt_records).
         self.rejected = 0
-        self.refusals = JsonlWriter(trainer_dropped_path(run_dir, rank))
+        self.refusals = trainer_dropped_path(run_dir, rank)  # written on the first refusal only
         self.vocab_size = int(self.engine.module.get_input_embeddings().num_embeddings)
         self.max_sequence_tokens = model_positions(self.engine.module.config)
         self.max_completion_tokens = config.actor.max_new_tokens
@@ -332,7 +332,8 @@ class Trainer:
                 kept.append(sequence)
                 continue
             self.rejected += 1
-            self.refusals.write(
+            append_record(
+                self.refusals,
                 {
                     "group_id": sequence.group_id,
                     "rollout_id": sequence.rollout_id[:64],
@@ -341,7 +342,7 @@ class Trainer:
                     "policy_version": self.policy_version + 1,  # the version its step makes
                     "rank": self.rank,
                     registry.TIME: time.time(),
-                }
+                },
             )
             logger.warning(
                 "batch %d: rejected sequence %r (%d so far): %s",
@@ -546,7 +547,6 @@ class Trainer:
         if self.publisher is not None:
             self.publisher.shutdown(f"trainer finished at version {self.policy_version}")
         self.batches.close()
-        self.refusals.close()
 
 
 def placed_rank(flag: int | None, environ: Mapping[str, str], num_processes: int) -> int:

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.prompt_records import REJECTED_BY_TRAINER, trainer_dropped_path
 from pipelinerl.platform.wire import TrainBatch
 from pipelinerl.workers.policy_step import per_token
@@ -23,7 +22,7 @@ def _trainer(run_dir: Path, **fields: object) -> SimpleNamespace:
     """What ``Trainer.admissible`` reads of its trainer: counts and limits, where it writes its
     refusals; no model."""
     defaults = {"rejected": 0, "policy_version": 0, "vocab_size": 1000, "rank": 0}
-    refusals = JsonlWriter(trainer_dropped_path(run_dir, 0))
+    refusals = trainer_dropped_path(run_dir, 0)
     return SimpleNamespace(
         **{
             **defaults,
