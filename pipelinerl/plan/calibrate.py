@@ -64,6 +64,21 @@ def _rate_name(records: list[dict[str, Any]]) -> str:
     )
 
 
+def bench_record(path: Path, option: str, benchmark: str, holding: str) -> dict[str, Any]:
+    """The ``pipelinerl bench <benchmark>`` record in ``path``, which holds ``holding``;
+    ``CalibrationError`` naming the option, the file and what it is instead."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise CalibrationError(f"{option} {str(path)!r}: cannot be read as JSON ({error})") from None
+    if not isinstance(record, dict) or record.get("benchmark") != benchmark or holding not in record:
+        kind = record.get("benchmark") if isinstance(record, dict) else type(record).__name__
+        raise CalibrationError(
+            f"{option} {str(path)!r}: a `pipelinerl bench {benchmark}` record is needed (this is {kind!r})"
+        )
+    return record
+
+
 def decode_table_from(engine_records: Sequence[Path]) -> DecodeTable:
     """The decode step against the sequences in flight, measured by ``pipelinerl bench decode`` records
     (the medians where several measured the same H); ``CalibrationError`` naming a file that is not such a
@@ -73,18 +88,7 @@ def decode_table_from(engine_records: Sequence[Path]) -> DecodeTable:
     records give H and H ÷ tokens/s."""
     by_in_flight: dict[int, list[tuple[float, float]]] = {}  # H -> (held, seconds) of each record
     for path in engine_records:
-        try:
-            record = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            raise CalibrationError(
-                f"--engine-record {str(path)!r}: cannot be read as JSON ({error})"
-            ) from None
-        if not isinstance(record, dict) or record.get("benchmark") != "decode" or "points" not in record:
-            kind = record.get("benchmark") if isinstance(record, dict) else type(record).__name__
-            raise CalibrationError(
-                f"--engine-record {str(path)!r}: a `pipelinerl bench decode` record is needed "
-                f"(this is {kind!r})"
-            )
+        record = bench_record(path, "--engine-record", "decode", "points")
         for point in record["points"]:
             if not point.get("step_s"):
                 continue
@@ -134,19 +138,8 @@ def link_from(weights_records: Sequence[Path]) -> tuple[LinkCosts, str]:
     not such a record."""
     updates: list[MeasuredUpdate] = []
     for path in weights_records:
-        try:
-            record = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            raise CalibrationError(
-                f"--weights-record {str(path)!r}: cannot be read as JSON ({error})"
-            ) from None
-        rows = record.get("bucket_sizes") if isinstance(record, dict) else None
-        if not isinstance(record, dict) or record.get("benchmark") != "weights" or not rows:
-            kind = record.get("benchmark") if isinstance(record, dict) else type(record).__name__
-            raise CalibrationError(
-                f"--weights-record {str(path)!r}: a `pipelinerl bench weights` record is needed "
-                f"(this is {kind!r})"
-            )
+        record = bench_record(path, "--weights-record", "weights", "bucket_sizes")
+        rows = record["bucket_sizes"]
         update_bytes = int(float(record["model_mib"]) * MIB)
         updates += [
             MeasuredUpdate(

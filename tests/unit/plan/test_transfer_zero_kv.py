@@ -22,7 +22,10 @@ from pipelinerl.plan.transfer import MIB, LinkCosts, MeasuredUpdate, buckets_of,
 from pipelinerl.platform.config import load_config
 from tests.unit.plan.test_profile import profile_data
 
-GIB = 2**30
+# A 7B model on H100s whose KV cache takes 128 KiB a token.
+KV_HARDWARE = Hardware(
+    gpu="H100", gpus_per_engine=1, trainer_gpus=8, model_params_b=7.0, kv_bytes_per_token=131072, source="t"
+)
 
 
 def test_the_transfer_is_the_bytes_over_the_link_plus_a_cost_a_bucket() -> None:
@@ -100,14 +103,7 @@ def test_zero3_gathers_the_weights_once_more_a_step() -> None:
 
 
 def test_the_kv_cache_caps_the_sequences_an_engine_holds() -> None:
-    hardware = Hardware(
-        gpu="H100",
-        gpus_per_engine=1,
-        trainer_gpus=8,
-        model_params_b=7.0,
-        kv_bytes_per_token=131072,
-        source="t",
-    )
+    hardware = KV_HARDWARE
     room = 0.9 * GPUS["H100"] - 14e9
     assert kv_cache_sequences(hardware, "H100", 0.9, 4096) == int(room // (131072 * 4096))
     no_kv = hardware.model_copy(update={"kv_bytes_per_token": None})
@@ -117,14 +113,7 @@ def test_the_kv_cache_caps_the_sequences_an_engine_holds() -> None:
 
 
 def test_predict_runs_the_engines_at_what_their_kv_cache_holds() -> None:
-    hardware = Hardware(
-        gpu="H100",
-        gpus_per_engine=1,
-        trainer_gpus=8,
-        model_params_b=7.0,
-        kv_bytes_per_token=131072,
-        source="t",
-    )
+    hardware = KV_HARDWARE
     profile = CostProfile.model_validate(
         {**profile_data(decode_base_s=0.01, train_base_s=0.1), "hardware": hardware.model_dump()}
     )
