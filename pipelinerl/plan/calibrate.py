@@ -45,6 +45,16 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
+def step_records(run: Path) -> list[dict[str, Any]]:
+    """The run's trainer records of a step (``metrics.jsonl``)."""
+    return [r for r in read_records(run / "metrics.jsonl") if registry.TRAINER_STEP_S in r]
+
+
+def actor_records(run: Path) -> list[dict[str, Any]]:
+    """Every actor's records of the run (``actor<k>.jsonl``)."""
+    return [r for path in sorted(run.glob("actor*.jsonl")) for r in read_records(path)]
+
+
 def decode_rate(record: dict[str, Any]) -> float:
     """The actor's tokens per second of decoding: of its busy time (neither idle nor paused for an
     update) where the record has it, else (runs before it was recorded) of all its time."""
@@ -201,8 +211,8 @@ def calibrate(
     for run in runs:
         if not (run / "metrics.jsonl").exists():
             raise CalibrationError(f"{run}: no metrics.jsonl (not a run directory, or no step was trained)")
-        steps += [r for r in read_records(run / "metrics.jsonl") if registry.TRAINER_STEP_S in r]
-        actors += [r for path in sorted(run.glob("actor*.jsonl")) for r in read_records(path)]
+        steps += step_records(run)
+        actors += actor_records(run)
     shown = ", ".join(run.name for run in runs)
     if len(steps) < 2:
         raise CalibrationError(f"{shown}: {len(steps)} trainer steps recorded; the fit needs 2 or more")

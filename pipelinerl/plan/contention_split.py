@@ -10,10 +10,10 @@ and is left out. So:
 * the trainer's step is fitted on the *beside* runs' steps (the profile's costs are "with the other
   stage busy", ``plan/costs.py``), and ``trainer_alone_speedup`` is 1 minus the median of the *alone*
   steps over that fit at their tokens;
-* the decode step (``profile.decode_table``, already scaled to the pipeline runs' actors by
-  ``calibrate.table_in_runs``) is the actor beside the trainer, and ``actor_alone_speedup`` is 1 minus
-  the median of the *alone* runs' decode step (H ÷ their actor's busy rate, H its config's) over the
-  table at H.
+* the profile's decode step (its table, scaled to the pipeline runs' actors where ``calibrate`` was
+  asked to: ``table_in_runs``) is taken as the actor's beside the trainer, and ``actor_alone_speedup``
+  is 1 minus the median of the *alone* runs' decode step (H ÷ their actor's busy rate, H its config's)
+  over that step at H.
 
 Unlike ``plan/contention.py``'s fit by simulation, nothing here is searched: each figure is a ratio of
 measured times, and a figure whose runs are missing keeps the profile's value.
@@ -24,9 +24,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pipelinerl.plan.calibrate import decode_rate, fit_trainer_steps, read_records
+from pipelinerl.plan.calibrate import actor_records, decode_rate, fit_trainer_steps, step_records
 from pipelinerl.plan.profile import CostProfile, Figure
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.tracking import metric_registry as registry
@@ -44,15 +44,13 @@ def company(config: PipelineConfig) -> Company:
 def split_contention(profile: CostProfile, run_dirs: Sequence[Path]) -> CostProfile:
     """``profile`` with its trainer step fitted on the runs that stepped beside the actor and both
     stages' speed-ups alone measured on the runs where each computed alone (the module says how)."""
-    beside: list[Path] = []
-    alone: list[Path] = []
-    for run in run_dirs:
-        config = PipelineConfig.model_validate_json((run / "config.json").read_text())
-        {"beside": beside, "alone": alone, "mixed": []}[company(config)].append(run)
+    configs = {run: PipelineConfig.model_validate_json((run / "config.json").read_text()) for run in run_dirs}
+    beside = [run for run, config in configs.items() if company(config) == "beside"]
+    alone = [run for run, config in configs.items() if company(config) == "alone"]
     if not beside or not alone:
         return profile
     figures = dict(profile.figures)
-    beside_steps = _steps(beside)
+    beside_steps = [r for run in beside for r in step_records(run)]
     base, per_token, per_sequence, log_sd = fit_trainer_steps(beside_steps)
     named = ", ".join(run.name for run in beside)
     source = (
@@ -64,13 +62,15 @@ def split_contention(profile: CostProfile, run_dirs: Sequence[Path]) -> CostProf
         ("train_per_sequence_s", per_sequence),
         ("train_step_log_sd", log_sd),
     ):
-        figures[figure] = figures[figure].model_copy(update={"value": value, "source": source})
+        unit = figures[figure].unit if figure in figures else "s"  # train_step_log_sd is optional
+        figures[figure] = Figure(value=value, unit=unit, source=source)
     costs = profile.model_copy(update={"figures": figures}).cost_model()
     alone_names = ", ".join(run.name for run in alone)
     ratios = [
         float(r[registry.TRAINER_STEP_S])
         / costs.train_step_s(int(r[registry.TRAINER_TOKENS]), int(r[registry.TRAINER_SAMPLES]))
-        for r in _steps(alone)
+        for run in alone
+        for r in step_records(run)
     ]
     figures["trainer_alone_speedup"] = Figure(
         value=max(0.0, 1.0 - statistics.median(ratios)),
@@ -80,9 +80,8 @@ def split_contention(profile: CostProfile, run_dirs: Sequence[Path]) -> CostProf
     )
     decode = []
     for run in alone:
-        config = PipelineConfig.model_validate_json((run / "config.json").read_text())
-        held = config.actor.max_in_flight
-        for record in _actor_records(run):
+        held = configs[run].actor.max_in_flight
+        for record in actor_records(run):
             if decode_rate(record) > 0:
                 decode.append(held / decode_rate(record) / costs.decode_step_s(held, 0))
     if decode:
@@ -93,11 +92,3 @@ def split_contention(profile: CostProfile, run_dirs: Sequence[Path]) -> CostProf
             "H / the busy rate) over the decode step at H",
         )
     return profile.model_copy(update={"figures": figures})
-
-
-def _steps(runs: Sequence[Path]) -> list[dict[str, Any]]:
-    return [r for run in runs for r in read_records(run / "metrics.jsonl") if registry.TRAINER_STEP_S in r]
-
-
-def _actor_records(run: Path) -> list[dict[str, Any]]:
-    return [r for path in sorted(run.glob("actor*.jsonl")) for r in read_records(path)]
