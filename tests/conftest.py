@@ -28,7 +28,7 @@ from pipelinerl.tasks.tokenizer import build_tokenizer
 from tests.models import build_family_model_dir
 
 # Fixtures that live in their own modules, for every test.
-pytest_plugins = ["tests.side_effects"]
+pytest_plugins = ["tests.side_effects", "tests.scheduling"]
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -84,45 +84,9 @@ def wait_until(condition: Callable[[], T | None], timeout_s: float, what: str, i
         time.sleep(interval_s)
 
 
-# Scheduling only (what a test checks never depends on it). ``make test`` hands the two workers whole
-# files in collection order (xdist's ``--dist loadfile --no-loadscope-reorder``; its default order, most
-# tests first, left the two-test vLLM run module for last, and one worker ran it for 4 minutes while the
-# other had finished). So the longest files come first, longest first (their seconds in a clean-clone
-# run, docs/benchmarks.md "Test suite"), then the rest in their usual order: the many short files at the
-# end even out the two workers.
-LONGEST_FILES = (  # by their measured time in a clean run (tests/ durations, 2026-11-26), longest first
-    "tests/integration/test_multihost.py",
-    "tests/integration/test_vllm_pipeline.py",
-    "tests/integration/test_stack.py",
-    "tests/integration/test_vllm_engine.py",
-    "tests/integration/test_pipeline.py",
-    "tests/integration/test_real_models.py",
-    "tests/integration/test_tracking.py",
-    "tests/integration/test_restart.py",
-    "tests/integration/test_bench_vllm.py",
-    "tests/integration/test_reward_hacking.py",
-    "tests/integration/test_ui.py",
-    "tests/integration/test_recipes.py",
-    "tests/integration/test_bench_faults.py",
-    "tests/integration/test_bench.py",
-    "tests/integration/test_hub_ids.py",
-    "tests/integration/test_bench_learning.py",
-    "tests/integration/test_damaged_input.py",
-    "tests/integration/test_flows.py",
-)
-
-
-def longest_first(items: list[pytest.Item]) -> None:
-    """Reorder ``items`` in place: the files of ``LONGEST_FILES`` first, in its order; the others after,
-    as collected. Within a file the order stays."""
-    rank = {path: index for index, path in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest files first (``longest_first``); ``gpu`` tests skip, saying why, where CUDA is absent
-    (``pytest -m gpu`` on a GPU machine runs them)."""
-    longest_first(items)
+    """``gpu`` tests skip, saying why, where CUDA is absent (``pytest -m gpu`` on a GPU machine runs
+    them). The suite's order is tests/scheduling.py's."""
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return

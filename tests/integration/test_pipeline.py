@@ -151,6 +151,11 @@ def pipeline_run(tmp_path_factory, random_model_dir) -> GarbageRun:
         random_model_dir,
         "run.mode=pipeline",
         "run.max_steps=5",
+        # The actor may run ahead of the trainer by the queues' room only. With the defaults (32 rollouts
+        # queued, two batches handed out ahead) a fast machine wrote all 80 rollouts at version 0 while
+        # the trainer started, and the sequences in flight when the updates came were never trained.
+        "transport.queue_size=4",
+        "transport.batches_ahead=1",
         *([f"transport.host={host}"] if host else []),
     )
     outcome: dict[str, Any] = {}
