@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
 from pipelinerl.platform.config import PipelineConfig
@@ -74,3 +75,13 @@ def init_distributed(deepspeed: Any, config: PipelineConfig, rank: int, backend:
             default_pg_timeout,  # torch's and DeepSpeed's default for a group's collectives
         )
     deepspeed.init_distributed(dist_backend=backend)
+
+
+def leave_distributed() -> None:
+    """Every rank leaves the process group together, before the process exits: a barrier, then the group
+    destroyed. A rank whose interpreter exits with the group still up tears gloo's threads down while its
+    peers may still use the pairs, and can abort ("terminate called without an active exception", exit
+    -6: a replay's rank 0 after its last step, once in a clean run)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

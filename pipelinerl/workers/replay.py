@@ -32,6 +32,7 @@ from pipelinerl.platform.batch_records import batch_record_path, read_batch_reco
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.wire import TrainBatch
+from pipelinerl.workers.deepspeed_setup import leave_distributed
 from pipelinerl.workers.trainer import Trainer, placed_rank
 
 logger = logging.getLogger("pipelinerl.replay")
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     trainer.record_batches = False  # the source keeps the batches; the replay keeps what it made of them
     trainer.record_digests = True
     replay(trainer, args.source, args.first, args.last)
+    leave_distributed()
     (args.out / f"replay{rank}.done").write_text(json.dumps({"policy_version": trainer.policy_version}))
 
 

@@ -73,6 +73,7 @@ from pipelinerl.workers.deepspeed_setup import (
     deepspeed_config,
     enable_activation_checkpointing,
     init_distributed,
+    leave_distributed,
 )
 from pipelinerl.workers.engines.lm_head import float32_lm_head
 from pipelinerl.workers.policy_step import concat_records, micro_batch_loss
@@ -547,6 +548,7 @@ class Trainer:
         if self.publisher is not None:
             self.publisher.shutdown(f"trainer finished at version {self.policy_version}")
         self.batches.close()
+        leave_distributed()
 
 
 def placed_rank(flag: int | None, environ: Mapping[str, str], num_processes: int) -> int:
