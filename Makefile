@@ -31,11 +31,12 @@ run: $(STAMP)
 	$(VENV)/bin/pipelinerl run $(ARGS)
 
 # Everything CI runs: the vLLM actor's environments, newest and oldest release (the vLLM engine tests
-# drive both), a PostgreSQL server when the machine has one and chromium for the dashboard's browser
-# tests, then the suite.
+# drive both), a PostgreSQL server when the machine has one, chromium for the dashboard's browser tests
+# and a compose implementation to validate docker-compose.yml, then the suite.
 test: $(STAMP) vllm-env vllm-env-oldest
 	bash scripts/postgres-up.sh
 	bash scripts/browser-up.sh
+	bash scripts/compose-cli-up.sh
 	$(PYTHON) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The suite's line coverage per module, the stages' processes included (pyproject.toml,
