@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -100,8 +101,6 @@ def compose_cli() -> list[str]:
 
 
 def ports_free() -> None:
-    import socket  # noqa: PLC0415 (only here)
-
     taken = []
     for name, port in {**PUBLISHED, "postgres": POSTGRES_PORT}.items():
         with socket.socket() as probe:
