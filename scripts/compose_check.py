@@ -36,7 +36,17 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_IMAGES = ("pipelinerl/platform:dev",)
-PLATFORM_SERVICE = "prefect-server"  # one of the services built from docker/Dockerfile
+PLATFORM_SERVICE = "prefect-server"
+# What `docker compose up` starts without the gpu profile (docker-compose 1.29 lists every service in
+# `config --services` and `ps --services`, profiles or not, so the check names them).
+CPU_SERVICES = {
+    "postgres",
+    "prefect-server",
+    "mlflow-server",
+    "db-migrate",
+    "dashboard",
+    "launch-worker",
+}  # one of the services built from docker/Dockerfile
 PUBLISHED = {"prefect": 4200, "mlflow": 5000, "dashboard": 8300}
 POSTGRES_PORT = 15432  # beside a PostgreSQL the machine may run on 5432
 HEALTH_TIMEOUT_S = 900.0
@@ -110,30 +120,45 @@ def ports_free() -> None:
         raise CheckFailed(f"ports the stack publishes are taken on 127.0.0.1: {', '.join(taken)}")
 
 
-def wait_healthy(compose: list[str], env: dict[str, str], services: list[str]) -> None:
-    """Every service with a health check healthy, the one-shot migrations exited 0."""
+def wait_healthy(env: dict[str, str], project: str) -> None:
+    """The project's containers are those of CPU_SERVICES exactly (no GPU worker: its profile is off),
+    every one with a health check healthy and the one-shot migrations exited 0."""
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
     while True:
-        states: dict[str, str] = {}
-        for service in services:
-            ids = run([*compose, "ps", "-a", "-q", service], env, quiet=True).split()
-            if not ids:
-                states[service] = "absent"
-                continue
-            inspected = json.loads(run(["docker", "inspect", ids[0]], env, quiet=True))[0]["State"]
+        listed = run(
+            [
+                "docker",
+                "ps",
+                "-a",
+                "--filter",
+                f"label=com.docker.compose.project={project}",
+                "--format",
+                '{{.Label "com.docker.compose.service"}} {{.ID}}',
+            ],
+            env,
+            quiet=True,
+        ).split("\n")
+        containers = dict(line.split() for line in listed if line.strip())
+        if set(containers) - CPU_SERVICES:
+            raise CheckFailed(
+                f"`up` started services outside the CPU set: {sorted(set(containers) - CPU_SERVICES)}"
+            )
+        states = {service: "absent" for service in CPU_SERVICES}
+        for service, container in containers.items():
+            inspected = json.loads(run(["docker", "inspect", container], env, quiet=True))[0]["State"]
             health = (inspected.get("Health") or {}).get("Status")
             if health is not None:
                 states[service] = health
             elif inspected["Status"] == "exited":
-                states[service] = (
-                    "completed" if inspected["ExitCode"] == 0 else f"exited {inspected['ExitCode']}"
-                )
+                code = inspected["ExitCode"]
+                states[service] = "completed" if code == 0 else f"exited {code}"
             else:
                 states[service] = inspected["Status"]
         failed = {s: v for s, v in states.items() if v == "unhealthy" or v.startswith("exited")}
         if failed:
             raise CheckFailed(f"services failed: {failed}")
         if all(v in ("healthy", "completed") for v in states.values()):
+            log(f"healthy: {', '.join(sorted(states))}")
             return
         if time.monotonic() > deadline:
             raise CheckFailed(f"not healthy after {HEALTH_TIMEOUT_S:.0f} s: {states}")
@@ -264,8 +289,7 @@ def main() -> int:
             run([*compose, "build", PLATFORM_SERVICE], env)
         with phases("up"):
             run([*compose, "up", "-d", "--no-build"], env)
-            services = run([*compose, "config", "--services"], env, quiet=True).split()
-            wait_healthy(compose, env, services)
+            wait_healthy(env, project)
         with phases("deploy"):
             run([*compose, "exec", "-T", "launch-worker", "pipelinerl", "deploy"], env)
         prefect_api = f"http://127.0.0.1:{PUBLISHED['prefect']}/api"
