@@ -68,12 +68,12 @@ def suite_order(items: list[pytest.Item]) -> None:
     longest = {path: index for index, path in enumerate(LONGEST_FILES)}
 
     def rank(item: pytest.Item) -> tuple[int, int]:
-        path = item.nodeid.split("::", 1)[0]
-        if item.get_closest_marker(ALONE_MARKER) is not None:
+        share = share_of(item)
+        if share == "alone":
             return (0, 0)
-        if not path.startswith(SHARED_UNDER):
+        if share is None:
             return (1, 0)
-        return (2, longest.get(path, len(longest)))
+        return (2, longest.get(item.nodeid.split("::", 1)[0], len(longest)))
 
     items.sort(key=rank)
 
