@@ -595,6 +595,48 @@ def faults(
     )
 
 
+@bench_app.command()
+def restart(
+    config_path: ConfigOption = None,
+    set_: SetOption = None,
+    seeds: SeedsOption = "0,1,2",
+    kill_at: Annotated[
+        int,
+        typer.Option("--kill-at", min=1, help="Kill trainer rank 0 after the checkpoint at this version."),
+    ] = 10,
+    out: OutOption = None,
+) -> None:
+    """Time from a trainer crash to the next step, the actors restarted or kept (docs/reliability.md)."""
+    from pipelinerl.bench.report import load_average, markdown_table
+    from pipelinerl.bench.restart import TABLE_HEADERS, run_restart_bench, table_rows
+    from pipelinerl.platform.config import ConfigError, load_config, with_overrides
+
+    seed_values = parse_seeds(seeds)
+    try:
+        base = load_config(config_path, list(set_ or []))
+        if not base.trainer.checkpoint_every or kill_at % base.trainer.checkpoint_every:
+            base = with_overrides(base, {"trainer.checkpoint_every": kill_at})
+        if base.run.max_steps <= kill_at:
+            raise ConfigError(
+                f"--kill-at {kill_at}: the run must train past it (run.max_steps={base.run.max_steps})"
+            )
+    except ConfigError as error:
+        raise fail(str(error)) from None
+    load_before, started_at = load_average(), datetime.now(UTC)
+    status = lambda text: console.log(text, markup=False, highlight=False)  # noqa: E731
+    report = run_restart_bench(base, seeds=seed_values, kill_at=kill_at, on_status=status)
+    finish(
+        "restart",
+        report,
+        targets={},
+        settings={**report["details"].pop("settings"), "seeds": seed_values},
+        out=out,
+        load_before=load_before,
+        started_at=started_at,
+        render=lambda record: markdown_table(TABLE_HEADERS, table_rows(record)),
+    )
+
+
 def _learning_from_record(path: Path, target_gain: float, out: Path | None) -> None:
     import json
 

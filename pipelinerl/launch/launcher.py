@@ -43,12 +43,21 @@ from pipelinerl.launch.actor_env import check_actor_interpreter
 from pipelinerl.launch.hub_sources import resolve_hub_sources
 from pipelinerl.launch.run_paths import check_run_paths
 from pipelinerl.launch.run_prediction import check_plan_profile, record_prediction
-from pipelinerl.launch.stages import SHUTDOWN_GRACE_S, LocalStages, RunStalled, StageFailed, StallWatch
+from pipelinerl.launch.stages import (
+    SHUTDOWN_GRACE_S,
+    LocalStages,
+    RestartsTrainerRole,
+    RunStalled,
+    StageFailed,
+    StallWatch,
+    in_trainer_role,
+)
 from pipelinerl.launch.summary import summarize
 from pipelinerl.platform.checkpoint import RunStart, latest_checkpoint, starting_version, write_start
 from pipelinerl.platform.config import ConfigError, PipelineConfig, with_overrides
 from pipelinerl.platform.curve_keys import PRIVATE_DIR_MODE, create_curve_keys
 from pipelinerl.platform.jsonl import JsonlTail
+from pipelinerl.platform.rebase import Rebase, RebaseAnswer, clear_rebase, read_answers, write_rebase
 from pipelinerl.platform.restart_records import discard_after, read_restarts
 from pipelinerl.platform.run_phase import write_phase
 from pipelinerl.platform.tracking import metric_registry as registry
@@ -505,8 +514,11 @@ def _train(
     tails = RecordTails(run_dir, config.actor.num_actors)
     records: list[dict[str, Any]] = []
     restarts = 0
+    start_all = True  # else the actors outlived a restart of the trainer role, started alone
     while True:
-        placement.start(config, model_path)
+        if start_all:
+            clear_rebase(run_dir)  # fresh actors have nothing to rebase
+            placement.start(config, model_path)
         status(f"started {placement.describe()}")
         watch = StallWatch(
             config.run.stall_timeout_s,
@@ -524,7 +536,11 @@ def _train(
             records.extend(tails.read(sinks))
             break
         except StageFailed as failure:
-            placement.stop(grace_s=0)  # nobody will send Shutdown: stop the others at once
+            survivors = _surviving_actors(config, failure, placement, restarts)
+            if survivors is not None:
+                survivors.stop_trainer_role()
+            else:
+                placement.stop(grace_s=0)  # nobody will send Shutdown: stop the others at once
             if restarts >= config.run.max_restarts:
                 raise
             restarts += 1
@@ -532,12 +548,21 @@ def _train(
             config, model_path = _restart_point(prepared, config)
             first_line = str(failure).splitlines()[0]
             resumed_from = starting_version(config.run.resume_from)
+            answers = None
+            if survivors is not None:
+                status(f"{first_line}; the actors pause for a restart of the trainer role")
+                rebase = Rebase(restarts, resumed_from, str(config.run.resume_from or "") or None)
+                answers = _actors_paused(survivors, run_dir, rebase, config.actor.num_actors)
+                if answers is None:  # an actor died or did not answer: every stage starts again
+                    placement.stop(grace_s=0)
+            start_all = answers is None
             discarded = discard_after(
                 prepared.run_dir,
                 resumed_from,
                 attempt=restarts,
                 reason=first_line,
                 sequences_per_batch=config.rl.batch_size // config.trainer.num_processes,
+                answers=answers,
             )
             records = [r for r in records if r["policy_version"] <= resumed_from]
             sinks.evals[:] = [r for r in sinks.evals if r["policy_version"] <= resumed_from]
@@ -549,6 +574,8 @@ def _train(
             )
             if sinks.tracker is not None:
                 sinks.tracker.restarted(restarts, discarded)
+            if survivors is not None and not start_all:
+                survivors.start_trainer_role(config, model_path)
         except BaseException:
             # SIGTERM or a cancelled flow run: nobody will send Shutdown, so stop the stages now (a
             # canceller such as Prefect's worker SIGKILLs us 30 s later).
@@ -556,6 +583,47 @@ def _train(
             raise
     placement.stop()  # the trainer sent Shutdown: let the others exit on their own
     return records, restarts
+
+
+# How long the actors have to pause and answer a restart of the trainer role (platform/rebase.py) before
+# every stage is restarted instead.
+REBASE_ANSWER_TIMEOUT_S = 120.0
+
+
+def _surviving_actors(
+    config: PipelineConfig, failure: StageFailed, placement: Placement, restarts: int
+) -> RestartsTrainerRole | None:
+    """The placement, where only its trainer role restarts: a restart is left, a trainer rank or the
+    preprocessor failed, the run allows it, and the placement can restart one role (the local one; a
+    pool placement restarts every stage). None: every stage restarts, or none."""
+    if (
+        restarts < config.run.max_restarts
+        and config.run.actors_survive_restart
+        and in_trainer_role(failure.stage)
+        and isinstance(placement, RestartsTrainerRole)
+    ):
+        return placement
+    return None
+
+
+def _actors_paused(
+    placement: RestartsTrainerRole, run_dir: Path, rebase: Rebase, num_actors: int
+) -> list[RebaseAnswer] | None:
+    """Announce ``rebase`` and wait for every actor's answer; None when one died or did not answer."""
+    write_rebase(run_dir, rebase)
+    deadline = time.monotonic() + REBASE_ANSWER_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            placement.check_actors()
+        except StageFailed:
+            clear_rebase(run_dir)
+            return None
+        answers = read_answers(run_dir, rebase.attempt, num_actors)
+        if len(answers) == num_actors:
+            return [answers[k] for k in range(num_actors)]
+        time.sleep(POLL_S)
+    clear_rebase(run_dir)
+    return None
 
 
 def _restart_point(prepared: PreparedRun, config: PipelineConfig) -> tuple[PipelineConfig, Path]:

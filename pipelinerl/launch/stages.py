@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import psutil
 
@@ -50,7 +51,17 @@ PR_SET_PDEATHSIG = 1
 
 
 class StageFailed(RuntimeError):
-    """A stage process exited before the run was done; the message carries its log tail."""
+    """A stage process exited before the run was done; the message carries its log tail, ``stage`` its
+    name where one stage is known to have failed."""
+
+    def __init__(self, message: str, stage: str | None = None) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+def in_trainer_role(stage: str | None) -> bool:
+    """A trainer rank or the preprocessor (``stage`` by name; None: no stage known)."""
+    return stage is not None and (stage.startswith("trainer") or stage == "preprocessor")
 
 
 class RunStalled(StageFailed):
@@ -330,7 +341,8 @@ def check_stages(stages: list[Stage], run_dir: Path) -> bool:
         if code is not None and (code != 0 or not (stage.is_trainer or finishing)):
             raise StageFailed(
                 f"stage {stage.name} exited with code {code} before the run ended; "
-                f"last lines of {stage.log_path}:\n{stage.log_tail()}"
+                f"last lines of {stage.log_path}:\n{stage.log_tail()}",
+                stage=stage.name,
             )
     return False
 
@@ -349,6 +361,17 @@ def stop_stages(stages: list[Stage], grace_s: float = SHUTDOWN_GRACE_S) -> None:
         for stage in alive:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 stage.process.wait(timeout=wait_s)  # type: ignore[union-attr]
+
+
+@runtime_checkable
+class RestartsTrainerRole(Protocol):
+    """A placement that can restart the trainer role while its actors go on (``platform/rebase.py``)."""
+
+    def stop_trainer_role(self) -> None: ...
+
+    def start_trainer_role(self, config: PipelineConfig, model_path: Path) -> None: ...
+
+    def check_actors(self) -> None: ...
 
 
 class LocalStages:
@@ -375,6 +398,25 @@ class LocalStages:
 
     def describe(self) -> str:
         return ", ".join(stage.name for stage in self.stages)
+
+    # The trainer role alone (its ranks and the preprocessor), while the actors go on.
+
+    def stop_trainer_role(self) -> None:
+        stop_stages([stage for stage in self.stages if in_trainer_role(stage.name)], grace_s=0)
+
+    def start_trainer_role(self, config: PipelineConfig, model_path: Path) -> None:
+        fresh = [
+            stage
+            for stage in build_stages(config, self.run_dir, model_path, self.role, self.node)
+            if in_trainer_role(stage.name)
+        ]
+        for stage in fresh:
+            stage.start(cwd=Path.cwd())
+        self.stages = [stage for stage in self.stages if not in_trainer_role(stage.name)] + fresh
+
+    def check_actors(self) -> None:
+        """``StageFailed`` if an actor has exited (while the trainer role is down)."""
+        check_stages([stage for stage in self.stages if not in_trainer_role(stage.name)], self.run_dir)
 
 
 def run_role(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from typing import Any
 from pipelinerl.platform.atomic_file import write_atomically
 from pipelinerl.platform.batch_records import BATCHES_DIR
 from pipelinerl.platform.prompt_records import PROMPTS_DIR, TRAINER_DROPS
+from pipelinerl.platform.rebase import RebaseAnswer
 from pipelinerl.platform.step_digests import DIGESTS_DIR
 from pipelinerl.platform.tracking.metric_registry import ACTOR_IN_FLIGHT, QUEUE_ROLLOUTS
 
@@ -47,14 +48,24 @@ class Discarded:
     discarded_rollouts: int = 0  # trained into the discarded versions
     lost_in_flight: int = 0  # generated, never trained, gone with the crashed processes
     time: float = 0.0
+    # Where the actors outlived the restart (platform/rebase.py): what they kept and handed out again.
+    actors_restarted: bool = True
+    kept_in_actors: int = 0  # sequences of train groups kept whole in the engines
+    regenerated: int = 0  # prompts handed out again (``restart/regenerated``)
 
     def describe(self) -> str:
         versions = self.discarded_versions
         span = "no version" if not versions else f"versions {versions[0]}..{versions[-1]}"
+        actors = (
+            ""
+            if self.actors_restarted
+            else f"; the actors kept their engines, {self.kept_in_actors} sequences and "
+            f"{self.regenerated} prompts handed out again"
+        )
         return (
             f"attempt {self.attempt} ({self.reason}): resumed from version {self.resumed_from_version}; "
             f"{span} discarded ({self.discarded_rollouts} rollouts trained into them), "
-            f"{self.lost_in_flight} rollouts lost in flight"
+            f"{self.lost_in_flight} rollouts lost in flight{actors}"
         )
 
     def as_record(self) -> dict[str, Any]:
@@ -107,12 +118,17 @@ def _rewrite(path: Path, lines: list[str]) -> None:
     write_atomically(path, "".join(line + "\n" for line in lines))
 
 
-def _lost_in_flight(run_dir: Path, last_trained: int, sequences_per_batch: int) -> int:
+def _lost_in_flight(
+    run_dir: Path, last_trained: int, sequences_per_batch: int, aborted_in_actors: int | None
+) -> int:
     """Rollouts generated but never trained, at the crashed attempt's last records: the preprocessor's
-    queue, batches it sent for steps the trainer never finished, and each actor's engine."""
+    queue, batches it sent for steps the trainer never finished, and each actor's engine (those the
+    surviving actors aborted, where they survived)."""
     preprocessor = [json.loads(line) for line in _read(run_dir / "preprocessor.jsonl") if line.strip()]
     queued = int(preprocessor[-1].get(QUEUE_ROLLOUTS, 0)) if preprocessor else 0
     untrained_batches = sum(1 for record in preprocessor if _fed_version(record) > last_trained)
+    if aborted_in_actors is not None:
+        return queued + untrained_batches * sequences_per_batch + aborted_in_actors
     in_engines = 0
     for path in run_dir.glob(ACTOR_FILES):
         records = [json.loads(line) for line in _read(path) if line.strip()]
@@ -122,11 +138,18 @@ def _lost_in_flight(run_dir: Path, last_trained: int, sequences_per_batch: int) 
 
 
 def discard_after(
-    run_dir: Path, resumed_from_version: int, *, attempt: int, reason: str, sequences_per_batch: int
+    run_dir: Path,
+    resumed_from_version: int,
+    *,
+    attempt: int,
+    reason: str,
+    sequences_per_batch: int,
+    answers: Sequence[RebaseAnswer] | None = None,
 ) -> Discarded:
     """Move every record of a version above ``resumed_from_version`` aside and record what went.
 
-    Call only while no stage of the run is alive (they append to these files)."""
+    Call only while no stage of the run appends to these files: none alive, or actors that outlived the
+    restart and gave their ``answers`` (they closed their files and answered, ``platform/rebase.py``)."""
     metrics = [json.loads(line) for line in _read(run_dir / "metrics.jsonl") if line.strip()]
     last_trained = max((_version(record) for record in metrics), default=resumed_from_version)
     thrown_metrics = [record for record in metrics if _version(record) > resumed_from_version]
@@ -136,8 +159,16 @@ def discard_after(
         resumed_from_version=resumed_from_version,
         discarded_versions=sorted({_version(record) for record in thrown_metrics}),
         discarded_rollouts=sum(len(record.get("rollouts", [])) for record in thrown_metrics),
-        lost_in_flight=_lost_in_flight(run_dir, last_trained, sequences_per_batch),
+        lost_in_flight=_lost_in_flight(
+            run_dir,
+            last_trained,
+            sequences_per_batch,
+            None if answers is None else sum(answer.aborted_sequences for answer in answers),
+        ),
         time=time.time(),
+        actors_restarted=answers is None,
+        kept_in_actors=sum(answer.kept_sequences for answer in answers or ()),
+        regenerated=sum(answer.regenerated_prompts for answer in answers or ()),
     )
     aside = run_dir / DISCARDED_DIR / f"attempt{attempt}"
     files = {run_dir / name: version_of for name, version_of in VERSIONED_FILES.items()}

@@ -91,12 +91,13 @@ import torch
 import zmq
 from transformers import AutoTokenizer
 
-from pipelinerl.platform.checkpoint import starting_version, train_group_id
+from pipelinerl.platform.checkpoint import prompt_position, read_trained, starting_version, train_group_id
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.dtypes import policy_dtype_name
 from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.numbering import actor_sender
 from pipelinerl.platform.prompt_records import handed_out_path
+from pipelinerl.platform.rebase import Rebase, RebaseAnswer, kept_groups, read_rebase, write_answer
 from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.transport import Receiver, Sender, run_keys
 from pipelinerl.platform.weights import (
@@ -178,7 +179,9 @@ class Actor:
         self.stop_strings = tuple(task.stop_strings)
         self.eos_token_ids = eos_token_ids(self.tokenizer, model_path)
         problems = task.problems("train", config.task.train_problems, config.run.seed)
+        self.problems = problems
         self.prompts = actor_prompts(config, problems, actor_id)  # a resumed run's too
+        self.furthest_position = -1  # the furthest stream position handed out by this process
         prompt = prompt_format(self.tokenizer, config.model.chat_template, config.model.system_prompt)
         self.encode = lambda problem: encode_problem(self.tokenizer, problem, prompt)
         # In-run evaluation (eval.every) is actor 0's: the eval sets through this engine.
@@ -219,16 +222,10 @@ class Actor:
             config.actor.max_in_flight,
         )
         self.context = zmq.Context()
-        keys = run_keys(run_dir)  # every run authenticates its peers, on loopback too
-        self.rollouts = rollout_sender(self.context, config, actor_id, keys)
-        self.notices = Receiver(
-            self.context,
-            transport.address("weights"),
-            "sub",
-            bind=False,
-            keys=keys,
-            max_message_bytes=transport.max_message_bytes,
-        )
+        self.run_dir = run_dir
+        self.keys = run_keys(run_dir)  # every run authenticates its peers, on loopback too
+        self.rollouts = rollout_sender(self.context, config, actor_id, self.keys)
+        self.notices = self.notice_receiver()
         self.pending: dict[str, PendingSample] = {}
         self.staged = StagedWeights()
         self.weights_ready = threading.Condition()
@@ -247,6 +244,26 @@ class Actor:
         self.buckets_refused = 0  # weight buckets whose bytes did not match the trainer's digest
         self.next_notice: Message | None = None  # came while the weights thread waited for digests
         self.refused_version = -1  # the newest update refused (a conventional round does not wait for it)
+        # Outliving a restart of the trainer role (platform/rebase.py): the newest notice handled (a
+        # notice older than this process is not its business), the one the main thread is to pause for,
+        # the version whose weights end the pause, and the events between the two threads.
+        current = read_rebase(run_dir)
+        self.rebase_attempt = current.attempt if current is not None else 0
+        self.rebase_request: Rebase | None = None
+        self.rebasing_to: int | None = None
+        self.rebase_paused = threading.Event()
+        self.rebased = threading.Event()
+
+    def notice_receiver(self) -> Receiver:
+        transport = self.config.transport
+        return Receiver(
+            self.context,
+            transport.address("weights"),
+            "sub",
+            bind=False,
+            keys=self.keys,
+            max_message_bytes=transport.max_message_bytes,
+        )
 
     # ----- weights: receiver thread -----
 
@@ -262,24 +279,44 @@ class Actor:
             self.stop.set()
 
     def _receive_weights(self) -> None:
+        broken: BaseException | None = None  # the weight group's failure while waiting for a rebase
         while not self.stop.is_set():
-            notice, self.next_notice = self.next_notice or self.notices.recv(timeout_s=0.2), None
-            if isinstance(notice, Shutdown):
-                logger.info("shutdown: %s", notice.reason)
-                self.stop.set()
-            elif isinstance(notice, WeightUpdate):
-                problem = weight_update_problem(
-                    notice.parameter_names,
-                    notice.parameter_shapes,
-                    notice.parameter_dtypes,
-                    saved_shapes=self.saved_shapes,
-                )
-                if problem is not None:
-                    raise WeightUpdateRefused(f"weight update v{notice.policy_version} refused: {problem}")
-                if self.weight_group is not None:
-                    self.receive_into_staging(self.weight_group, notice)
-                elif self.workers_engine is not None:
-                    self.receive_into_engine(self.workers_engine, notice)
+            if (rebase := self.new_rebase()) is not None:
+                self.rebase_weights(rebase)
+                broken = None
+                continue
+            if broken is not None:  # nothing to receive from until the launcher restarts the trainer
+                time.sleep(0.2)
+                continue
+            try:
+                self._receive_notice()
+            except WeightUpdateRefused:
+                raise
+            except RuntimeError as error:  # gloo: the trainer died in the middle of a broadcast
+                if not self.config.run.actors_survive_restart:
+                    raise
+                logger.warning("weight group broken (%s): waiting for the trainer's restart", error)
+                broken = error
+
+    def _receive_notice(self) -> None:
+        """Take one notice (waiting 0.2 s at most) and act on it."""
+        notice, self.next_notice = self.next_notice or self.notices.recv(timeout_s=0.2), None
+        if isinstance(notice, Shutdown):
+            logger.info("shutdown: %s", notice.reason)
+            self.stop.set()
+        elif isinstance(notice, WeightUpdate):
+            problem = weight_update_problem(
+                notice.parameter_names,
+                notice.parameter_shapes,
+                notice.parameter_dtypes,
+                saved_shapes=self.saved_shapes,
+            )
+            if problem is not None:
+                raise WeightUpdateRefused(f"weight update v{notice.policy_version} refused: {problem}")
+            if self.weight_group is not None:
+                self.receive_into_staging(self.weight_group, notice)
+            elif self.workers_engine is not None:
+                self.receive_into_engine(self.workers_engine, notice)
 
     def announced(self, notice: WeightUpdate) -> list[bytes] | None:
         """The trainer's digests of ``notice``'s update, which follow its broadcast on the notice
@@ -302,16 +339,18 @@ class Actor:
             self.staged.version = notice.policy_version
             self.staged.names = list(notice.parameter_names)
             self.staged.tensors = list(received.tensors())
-        if loads_on_receipt(self.config.run.mode):
+        if loads_on_receipt(self.config.run.mode) or notice.policy_version == self.rebasing_to:
             self.apply_staged()
         with self.weights_ready:
             self.weights_ready.notify_all()
 
     def apply_staged(self) -> None:
         with self.staged.lock:
-            if self.staged.version <= self.engine.policy_version:
+            version = self.staged.version
+            # Newer weights only, except the resumed lineage's first (older than what the engine runs).
+            if version <= self.engine.policy_version and version != self.rebasing_to:
                 return
-            pause = self.engine.update_weights(self.staged.version, self.staged.load_into)
+            pause = self.engine.update_weights(version, self.staged.load_into)
             received_s = self.received_s
         self.loaded(pause, update_phases(self.engine.last_update_s, received_s, received_in_pause=False))
 
@@ -345,6 +384,8 @@ class Actor:
                     "weights v%d received into the engine's workers (loaded when the actor drains)",
                     notice.policy_version,
                 )
+                if notice.policy_version == self.rebasing_to:
+                    self.apply_staged()
             else:
                 with self.staged.lock:
                     pause = engine.update_weights(
@@ -387,6 +428,122 @@ class Actor:
             1000 * pause,
             self.engine.num_in_flight,
         )
+        if self.engine.policy_version == self.rebasing_to:  # the resumed lineage's weights: go on
+            self.rebasing_to = None
+            self.rebased.set()
+
+    # ----- outliving a restart of the trainer role (platform/rebase.py) -----
+
+    def new_rebase(self) -> Rebase | None:
+        """The launcher's notice of a trainer-role restart this actor has not handled yet, if any."""
+        if not self.config.run.actors_survive_restart:
+            return None
+        rebase = read_rebase(self.run_dir)
+        return rebase if rebase is not None and rebase.attempt > self.rebase_attempt else None
+
+    def rebase_weights(self, rebase: Rebase) -> None:
+        """The weights thread's part: have the main thread pause and answer, then drop the dead
+        trainer's notices, join the new trainer's weight group (this waits until the launcher has
+        started it) and take its first update, the lineage's weights at ``rebase.version``."""
+        logger.info(
+            "the trainer role restarts (attempt %d) from version %d: pausing", rebase.attempt, rebase.version
+        )
+        self.rebase_attempt = rebase.attempt
+        self.rebasing_to = rebase.version
+        self.rebase_paused.clear()
+        self.rebase_request = rebase
+        while not self.rebase_paused.wait(0.2):
+            if self.stop.is_set():
+                return
+        self.notices.close()
+        self.notices, self.next_notice = self.notice_receiver(), None
+        transport = self.config.transport
+        if self.workers_engine is not None:
+            self.workers_engine.rejoin_weight_group()
+        else:
+            self.weight_group = WeightGroup.join(
+                transport.host,
+                transport.port("weight_group"),
+                self.config.actor_first_weight_rank(self.actor_id),
+                self.config.weight_group_size(),
+            )
+        # The new trainer leads the group only after the launcher has cut this actor's records.
+        self.metrics = JsonlWriter(self.run_dir / f"actor{self.actor_id}.jsonl")
+        logger.info("joined the restarted trainer's weight group; waiting for weights v%d", rebase.version)
+
+    def pause_for_rebase(self, rebase: Rebase) -> None:
+        """The main thread's part: keep the train groups still valid in the resumed lineage, abort the
+        rest, forget what waited for the dead preprocessor, take up the prompt stream of
+        ``rebase.version``'s checkpoint, answer the launcher; then, admitting nothing, let the kept
+        sequences finish until the lineage's weights are loaded."""
+        paused_at = time.time()
+        pending = {rid: (s.group_id, s.group_size, s.split) for rid, s in self.pending.items()}
+        keep = (
+            kept_groups(pending, self.engine.policy_version, rebase.version)
+            if not runs_rounds(self.config.run.mode)  # a round starts whole at the resumed version
+            else set()
+        )
+        aborted = [request_id for request_id, sample in self.pending.items() if sample.group_id not in keep]
+        self.engine.abort(aborted)
+        for request_id in aborted:
+            del self.pending[request_id]
+        # What waited in the rollout socket was for the dead preprocessor: dropped with the socket.
+        self.rollouts.close()
+        self.rollouts = rollout_sender(self.context, self.config, self.actor_id, self.keys)
+        kept_positions = {where[1] for group in keep if (where := prompt_position(group)) is not None}
+        regenerated = self.take_up_stream(rebase, kept_positions)
+        self.started_at = paused_at  # the resumed lineage's hand-outs; the kept groups are its own
+        for group in sorted(keep):
+            where = prompt_position(group)
+            position = where[1] if where is not None else -1
+            self.handed_out.write(
+                {"position": position, "group_id": group, "started_at": self.started_at, "kept": True}
+            )
+        self.refused_version = -1  # a refusal of the discarded lineage's says nothing of the resumed one
+        if self.eval_sets:
+            self.eval_schedule = EvalSchedule(self.config.eval.every, rebase.version)
+        self.metrics.close()  # the launcher sets this attempt's records of discarded versions aside
+        answer = RebaseAnswer(
+            actor_id=self.actor_id,
+            attempt=rebase.attempt,
+            engine_version=self.engine.policy_version,
+            kept_groups=len(keep),
+            kept_sequences=len(self.pending),
+            aborted_sequences=len(aborted),
+            regenerated_prompts=regenerated,
+            paused_at=paused_at,
+        )
+        write_answer(self.run_dir, answer)
+        logger.info(
+            "paused for the restart from version %d: kept %d groups (%d sequences), aborted %d sequences, "
+            "%d prompts to hand out again",
+            rebase.version,
+            answer.kept_groups,
+            answer.kept_sequences,
+            answer.aborted_sequences,
+            regenerated,
+        )
+        self.rebased.clear()
+        self.rebase_request = None
+        self.rebase_paused.set()
+        while not self.rebased.is_set() and not self.stop.is_set():
+            self.timed_push(timeout_s=0.05)  # the kept sequences finish and wait for the new preprocessor
+
+    def take_up_stream(self, rebase: Rebase, kept_positions: set[int]) -> int:
+        """Go on with the prompt stream of ``rebase``'s checkpoint (what its policy was not trained on,
+        then on from where it left the stream), leaving out the kept groups' prompts; returns how many
+        prompts this process handed out that will be handed out again."""
+        checkpoint = Path(rebase.checkpoint) if rebase.checkpoint else None
+        resumed = self.config.model_copy(
+            update={"run": self.config.run.model_copy(update={"resume_from": checkpoint})}
+        )
+        stream = actor_prompts(resumed, self.problems, self.actor_id)
+        self.prompts = ((position, problem) for position, problem in stream if position not in kept_positions)
+        trained = read_trained(checkpoint) if checkpoint is not None else None
+        start = trained.prompt_positions.get(self.actor_id, 0) if trained is not None else 0
+        again = set(trained.untrained_before(self.actor_id)) if trained is not None else set()
+        again.update(range(start, self.furthest_position + 1))
+        return len(again - kept_positions)
 
     def report(self, pause_s: float | None, phases: dict[str, float] | None = None) -> None:
         """One record per loaded update: its pause, and tokens/s and idle time since the last one. A
@@ -434,6 +591,7 @@ class Actor:
 
     def submit_group(self) -> None:
         position, problem = next(self.prompts)
+        self.furthest_position = max(self.furthest_position, position)
         group_id = train_group_id(self.actor_id, position, uuid.uuid4().hex[:16])
         self.handed_out.write({"position": position, "group_id": group_id, "started_at": self.started_at})
         prompt_ids = self.encode(problem)
@@ -509,7 +667,7 @@ class Actor:
                 continue
             with self.idle():  # the rollout queue is full: backpressure from the trainer
                 while not self.rollouts.send(rollout, timeout_s=1.0):
-                    if self.stop.is_set():
+                    if self.stop.is_set() or self.rebase_request is not None:
                         return len(finished)
         return len(finished)
 
@@ -517,6 +675,10 @@ class Actor:
         """Keep H in flight; pipeline mode loads weights from the receiver thread, async here."""
         admission = continuous_admission(self.config)
         while not self.stop.is_set():
+            if (rebase := self.rebase_request) is not None:
+                self.pause_for_rebase(rebase)
+                admission = continuous_admission(self.config)
+                continue
             if admission.load_now(self.staged.version, self.engine.policy_version, self.engine.num_in_flight):
                 self.apply_staged()
             if admission.eval_may_start():
@@ -536,23 +698,28 @@ class Actor:
     def run_conventional(self) -> None:
         """Rounds: G·B samples with frozen weights, then wait for the weights after G trainer steps."""
         while not self.stop.is_set():
+            if (rebase := self.rebase_request) is not None:
+                self.pause_for_rebase(rebase)  # the round is given up: the next starts at the lineage's
+                continue
             this_round = conventional_round(self.config, start_version=self.engine.policy_version)
             self.submit_eval_if_due()  # with the round's frozen weights
             while this_round.generating(self.engine.num_in_flight, self.stop.is_set()):
+                if self.rebase_request is not None:
+                    break
                 for _ in range(this_round.groups_to_admit(self.engine.num_in_flight)):
                     self.submit_group()
                 self.timed_push(timeout_s=0.05)
-            self.wait_for_version(this_round.next_version)
+            else:  # the round was not given up for a rebase
+                self.wait_for_version(this_round.next_version)
 
     def wait_for_version(self, version: int) -> None:
         """Block until the engine runs ``version``, that version's update was refused (the round goes
         on with the weights the actor has), or the run stops."""
         with self.idle(), self.weights_ready:
-            self.weights_ready.wait_for(
-                lambda: wait_over(
-                    max(self.engine.policy_version, self.refused_version), version, self.stop.is_set()
-                )
-            )
+            while self.rebase_request is None and not wait_over(
+                max(self.engine.policy_version, self.refused_version), version, self.stop.is_set()
+            ):
+                self.weights_ready.wait(timeout=0.5)  # a rebase is asked for without a notify
 
     def run(self) -> None:
         receiver = threading.Thread(target=self.receive_weights, name="weights", daemon=True)

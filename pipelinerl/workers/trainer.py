@@ -56,6 +56,7 @@ from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.dtypes import policy_dtype
 from pipelinerl.platform.jsonl import append_record
 from pipelinerl.platform.prompt_records import REJECTED_BY_TRAINER, trainer_dropped_path
+from pipelinerl.platform.rebase import read_rebase
 from pipelinerl.platform.step_digests import (
     StepDigests,
     parameter_digests,
@@ -266,6 +267,13 @@ class Trainer:
     def run(self) -> None:
         config = self.config
         self.open_transport()
+        if (rebase := read_rebase(self.run_dir)) is not None and rebase.version == self.policy_version:
+            # The actors outlived the restart of this role (platform/rebase.py): they take the resumed
+            # lineage's weights as an ordinary update before they admit prompts again.
+            logger.info(
+                "publishing the weights of version %d to the actors that outlived the restart", rebase.version
+            )
+            self._publish()
         started = time.time()
         metrics_path = self.run_dir / "metrics.jsonl"
         with metrics_path.open("a") as metrics_file:

@@ -1,5 +1,7 @@
-"""A stage that crashes mid-run: the run fails with its log tail, or every stage starts again from
-the latest checkpoint when ``run.max_restarts`` allows. Real processes; the crash is a SIGKILL.
+"""A stage that crashes mid-run: the run fails with its log tail, or restarts from the latest
+checkpoint when ``run.max_restarts`` allows: the trainer role alone (the actors keep their engines,
+``platform/rebase.py``) after a trainer rank or the preprocessor, every stage after an actor. Real
+processes; the crash is a SIGKILL.
 
 One run restarts three times, each after a different stage was killed (the trainer, then the
 preprocessor, then actor 0); the module's tests each check one property of that run. Another,
@@ -8,12 +10,14 @@ with no restart allowed, fails with the killed stage's log tail.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +72,18 @@ def trained_to(run_dir: Path) -> int:
     """The newest policy version in the run directory's trainer records (0 before the first)."""
     versions = [json.loads(line)["policy_version"] for line in _complete_lines(run_dir / "metrics.jsonl")]
     return max(versions, default=0)
+
+
+def checkpointed_last(run_dir: Path) -> bool:
+    """The trainer's newest record is of a step it saved a checkpoint of."""
+    lines = _complete_lines(run_dir / "metrics.jsonl")
+    return bool(lines) and "checkpoint" in json.loads(lines[-1])
+
+
+def actor_runs(run_dir: Path, actor_id: int = 0) -> int:
+    """The version of the newest update the actor loaded (-1 before the first)."""
+    lines = _complete_lines(run_dir / f"actor{actor_id}.jsonl")
+    return json.loads(lines[-1])["policy_version"] if lines else -1
 
 
 def restarts_so_far(run_dir: Path) -> int:
@@ -135,9 +151,35 @@ def test_a_crashed_stage_fails_the_run_with_its_log_tail(tmp_path, random_model_
     assert not (run_dir / "summary.json").exists()
 
 
-# The stages killed one after another in the restarting run: the k-th (k = 1, 2, 3) is killed once the
-# k-th attempt has trained version 3k + 1; checkpoints every 3 versions, so it resumes from 3k (3k + 3
-# if the trainer got there first). The run ends at MAX_STEPS.
+def kill_trainer_while_the_actor_runs_a_checkpoint(launched: Launched, run_dir: Path) -> int:
+    """SIGKILL trainer rank 0 while actor 0's engine runs the version of the newest checkpoint, which the
+    restart resumes from: the actor's train groups then in flight are valid in the resumed lineage and
+    kept. At each checkpoint the trainer is stopped (SIGSTOP), and killed if the actor runs that version
+    (an update the trainer was stopped in the middle of never loads); else it goes on to the next."""
+    while True:
+        [trainer, *_] = wait_until(
+            lambda: (
+                launched.running()
+                and checkpointed_last(run_dir)
+                and stage_processes(run_dir, KILLED["trainer0"])
+            ),
+            timeout_s=300,
+            what="a trainer step that saved a checkpoint",
+        )
+        version = trained_to(run_dir)
+        os.kill(trainer.pid, signal.SIGSTOP)
+        time.sleep(1.0)  # an update that reached the actor is loaded and recorded by now
+        if trained_to(run_dir) == version and actor_runs(run_dir) == version:
+            os.kill(trainer.pid, signal.SIGKILL)
+            return version
+        os.kill(trainer.pid, signal.SIGCONT)
+        wait_until(lambda v=version: launched.running() and trained_to(run_dir) > v, 300, "the next version")
+
+
+# The stages killed one after another in the restarting run: the trainer while the actor runs a
+# checkpoint's version (3k), then, once the k-th attempt (k = 2, 3) has trained version 3k + 1, the
+# preprocessor and actor 0; checkpoints every 3 versions, so each resumes from the newest checkpoint
+# then. The run ends at MAX_STEPS.
 KILLED = {
     "trainer0": "pipelinerl.workers.trainer",
     "preprocessor": "pipelinerl.workers.preprocessor",
@@ -158,6 +200,8 @@ class Restarted:
     resumed: list[int]  # the version each restart resumed from
     records: list[dict[str, Any]]  # metrics.jsonl at the end
     thrown: list[dict[str, Any]]  # every discarded trainer record, of every attempt
+    actor_survived: bool  # the actor killed last was the process started first
+    killed_at: list[float]  # when each stage was killed
 
     def checkpoint(self, attempt: int) -> Path:
         return checkpoint_dir(self.run_dir, self.resumed[attempt - 1])
@@ -180,10 +224,21 @@ def restarted(tmp_path_factory, random_model_dir) -> Restarted:
     run_id = "restart"
     run_dir = tmp_path / run_id
     launched = Launched(config, run_id)
-    for done, marker in enumerate(KILLED.values()):
-        kill_stage(
-            launched, run_dir, marker, at_version=CHECKPOINT_EVERY * (done + 1) + 1, after_restarts=done
-        )
+    [first_actor] = wait_until(
+        lambda: launched.running() and stage_processes(run_dir, KILLED["actor0"]), 300, "actor 0's process"
+    )
+    at_checkpoint = kill_trainer_while_the_actor_runs_a_checkpoint(launched, run_dir)
+    killed_at = [time.time()]
+    kill_stage(launched, run_dir, KILLED["preprocessor"], at_version=at_checkpoint + 1, after_restarts=1)
+    killed_at.append(time.time())
+    last_actor = kill_stage(
+        launched,
+        run_dir,
+        KILLED["actor0"],
+        at_version=max(at_checkpoint + 1, 2 * CHECKPOINT_EVERY) + 1,
+        after_restarts=2,
+    )
+    killed_at.append(time.time())
     result = launched.finish()
     restarts = [json.loads(line) for line in _complete_lines(run_dir / "restarts.jsonl")]
     print("restart figures:", json.dumps(restarts))
@@ -191,6 +246,10 @@ def restarted(tmp_path_factory, random_model_dir) -> Restarted:
     for attempt in range(1, len(restarts) + 1):
         aside = run_dir / "discarded" / f"attempt{attempt}" / "metrics.jsonl"
         thrown.extend(json.loads(line) for line in _complete_lines(aside))
+    # Every step trained, of every attempt: the first after a kill is the first of the restarted stages.
+    steps = [json.loads(line) for line in _complete_lines(run_dir / "metrics.jsonl")] + thrown
+    recovery = [min(r["time"] for r in steps if r["time"] > at) - at for at in killed_at]
+    print("seconds from each kill to the next optimizer step:", [round(s, 1) for s in recovery])
     return Restarted(
         config=config,
         run_id=run_id,
@@ -200,10 +259,14 @@ def restarted(tmp_path_factory, random_model_dir) -> Restarted:
         resumed=[r["resumed_from_version"] for r in restarts],
         records=[json.loads(line) for line in _complete_lines(run_dir / "metrics.jsonl")],
         thrown=thrown,
+        actor_survived=last_actor == first_actor.pid,
+        killed_at=killed_at,
     )
 
 
-def test_every_killed_stage_restarts_every_stage_from_the_latest_checkpoint(restarted):
+def test_each_restart_resumes_from_the_latest_checkpoint_and_only_an_actor_crash_restarts_the_actors(
+    restarted,
+):
     run_dir = restarted.run_dir
     summary = restarted.result.summary
     assert summary["restarts"] == len(KILLED)
@@ -211,14 +274,29 @@ def test_every_killed_stage_restarts_every_stage_from_the_latest_checkpoint(rest
     assert read_info(run_dir / "final").policy_version == MAX_STEPS
     assert [r["attempt"] for r in restarted.restarts] == [1, 2, 3], restarted.restarts
     trainer_log = (run_dir / "logs" / "trainer0.log").read_text()
+    actor_log = (run_dir / "logs" / "actor0.log").read_text()
+    resumed_before = 0
     for attempt, (stage, restart) in enumerate(zip(KILLED, restarted.restarts, strict=True), start=1):
         assert stage in restart["reason"], restart
-        # Every stage started again from the newest complete checkpoint before the crash.
+        # Each restart resumed from the newest complete checkpoint before the crash.
         resumed = restart["resumed_from_version"]
-        assert resumed in (CHECKPOINT_EVERY * attempt, CHECKPOINT_EVERY * (attempt + 1)), restart
+        assert resumed % CHECKPOINT_EVERY == 0 and resumed >= max(resumed_before, CHECKPOINT_EVERY), restart
+        resumed_before = resumed
         checkpoint = restarted.checkpoint(attempt)
         assert read_info(checkpoint).policy_version == resumed
         assert f"resumed from {checkpoint}" in trainer_log, stage
+    # The trainer's and the preprocessor's crashes restarted the trainer role alone: the actor paused,
+    # kept its engine and took the checkpoint's weights from the restarted trainer; only the actor's own
+    # crash restarted the actors (and the actor killed then was the process the run started with).
+    assert [r["actors_restarted"] for r in restarted.restarts] == [False, False, True]
+    assert restarted.actor_survived
+    for restart in restarted.restarts[:2]:
+        assert f"paused for the restart from version {restart['resumed_from_version']}" in actor_log
+    assert trainer_log.count("to the actors that outlived the restart") == 2
+    # Killed while the actor ran the checkpoint's version: every whole group in flight was valid, kept.
+    assert restarted.restarts[0]["discarded_versions"] == []
+    assert restarted.restarts[0]["kept_in_actors"] > 0, restarted.restarts[0]
+    assert restarted.restarts[0]["kept_in_actors"] % restarted.config.rl.group_size == 0
     # The stages read the last restart's checkpoint from config.json; the first config is kept.
     current = json.loads((run_dir / "config.json").read_text())
     initial = json.loads((run_dir / "config.initial.json").read_text())
@@ -241,8 +319,8 @@ def test_the_run_directory_keeps_each_version_once_and_sets_the_discarded_aside(
         assert all(v > resumed for v in restart["discarded_versions"])
         assert restart["discarded_rollouts"] == sum(len(r["rollouts"]) for r in thrown)
         assert restart["lost_in_flight"] >= 0
-        if resumed == CHECKPOINT_EVERY * attempt:
-            killed_at = resumed + 1
+        if attempt > 1 and resumed == restarted.restarts[attempt - 2]["resumed_from_version"]:
+            killed_at = resumed + 1  # the attempt had trained it when its stage was killed
             assert killed_at in restart["discarded_versions"], (
                 f"version {killed_at} was trained before the kill"
             )
@@ -287,16 +365,22 @@ def test_no_prompt_is_skipped_or_trained_twice_across_the_restarts(restarted):
         json.loads(line) for line in (restarted.run_dir / "prompts" / "actor0.jsonl").read_text().splitlines()
     ]
     attempts = sorted({record["started_at"] for record in handed})
-    assert len(attempts) == len(KILLED) + 1, "one actor process per attempt"
+    assert len(attempts) == len(KILLED) + 1, "one hand-out stream per attempt (a new process, or a rebase)"
     actor_log = (restarted.run_dir / "logs" / "actor0.log").read_text()
     for attempt in range(1, len(restarted.resumed) + 1):
         before = read_trained(restarted.checkpoint(attempt))
         again = before.untrained_before(0)
         message = f"resumes at position {before.prompt_positions[0]}, after {len(again)} earlier prompts"
         assert message in actor_log, attempt
-        # The next attempt's first hand-outs are exactly those, then the stream after the checkpoint's.
-        first = [r["position"] for r in handed if r["started_at"] == attempts[attempt]][: len(again) + 1]
-        assert first == [*again, before.prompt_positions[0]], (attempt, first, again)
+        # The next attempt's first hand-outs are exactly those, then the stream after the checkpoint's;
+        # the groups an actor that outlived the restart kept are the attempt's too, never handed out again.
+        this_attempt = [r for r in handed if r["started_at"] == attempts[attempt]]
+        kept = {r["position"] for r in this_attempt if r.get("kept")}
+        again_now = [p for p in again if p not in kept]
+        stream_from = next(p for p in itertools.count(before.prompt_positions[0]) if p not in kept)
+        first = [r["position"] for r in this_attempt if not r.get("kept")][: len(again_now) + 1]
+        assert first == [*again_now, stream_from], (attempt, first, again, kept)
+        assert not kept & {r["position"] for r in this_attempt if not r.get("kept")}, attempt
     assert any(read_trained(restarted.checkpoint(a)).untrained_before(0) for a in (1, 2, 3)), "no gap to fill"
 
 

@@ -79,6 +79,13 @@ class RunConfig(Section):
         description="When a stage crashes, stop every stage and start them all again from the run's "
         "latest checkpoint (or from the start), at most this many times; 0: a crash fails the run.",
     )
+    actors_survive_restart: bool = Field(
+        True,
+        description="When a trainer rank or the preprocessor crashes (run.max_restarts), restart only those: "
+        "the actors keep their engines, keep the groups every token of which the checkpoint's lineage "
+        "sampled, hand out again the prompts it was not trained on, and take the checkpoint's weights as an "
+        "in-flight update. false: every stage restarts. Runs placed on worker pools restart every stage.",
+    )
     plan_profile: str | None = Field(
         None,
         description="A cost profile (a shipped name from `pipelinerl plan profiles`, or a profile file): "

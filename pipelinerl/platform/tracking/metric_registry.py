@@ -171,6 +171,7 @@ EVAL_SUCCESS = "eval/success"
 LEDGER_DUPLICATES, RUN_RESTARTS = "ledger/duplicates", "run/restarts"
 RESTART_DISCARDED_VERSIONS = "restart/discarded_versions"
 RESTART_DISCARDED_ROLLOUTS, RESTART_LOST_IN_FLIGHT = "restart/discarded_rollouts", "restart/lost_in_flight"
+RESTART_KEPT_IN_ACTORS, RESTART_REGENERATED = "restart/kept_in_actors", "restart/regenerated"
 SUMMARY = "summary/{field}"  # a numeric field of summary.json, logged at the run's end
 PLAN = "plan/{side}/{figure}"  # run.plan_profile: the simulator's prediction of the run, and what it measured
 
@@ -359,6 +360,10 @@ _STAGE_METRICS: tuple[Metric, ...] = (
     Metric(RESTART_DISCARDED_ROLLOUTS, "tracker", "rollouts", "rollouts trained into them", mlflow=True),
     Metric(RESTART_LOST_IN_FLIGHT, "tracker", "rollouts", "rollouts in flight at the crash",
            mlflow=True),
+    Metric(RESTART_KEPT_IN_ACTORS, "tracker", "sequences", "sequences actors that outlived a restart of the "
+           "trainer role kept: every token by the resumed lineage", mlflow=True),
+    Metric(RESTART_REGENERATED, "tracker", "prompts", "prompts a restart handed out again: neither trained "
+           "into the checkpoint nor kept", mlflow=True),
     Metric(PLAN, "launcher", "as the figure", "with run.plan_profile, at the run's end: a figure of the run "
            "as the simulator predicted it (plan/measured.py) and as the run measured it", mlflow=True),
 )

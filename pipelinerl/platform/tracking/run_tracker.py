@@ -448,6 +448,8 @@ class RunTracker:
                 (registry.RESTART_DISCARDED_VERSIONS, len(discarded.discarded_versions)),
                 (registry.RESTART_DISCARDED_ROLLOUTS, discarded.discarded_rollouts),
                 (registry.RESTART_LOST_IN_FLIGHT, discarded.lost_in_flight),
+                (registry.RESTART_KEPT_IN_ACTORS, discarded.kept_in_actors),
+                (registry.RESTART_REGENERATED, discarded.regenerated),
             )
         )
         mlflow, mlflow_run_id, store, run_id = self.mlflow, self.mlflow_run_id, self.store, self.run_id

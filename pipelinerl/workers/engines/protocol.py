@@ -100,6 +100,10 @@ class Engine(Protocol[HolderT_co]):
     @property
     def num_in_flight(self) -> int: ...
 
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Stop writing these requests; ``poll`` never returns them."""
+        ...
+
     def update_weights(self, new_version: int, load: Callable[[HolderT_co], object]) -> float:
         """Pause between decode steps, run ``load(holder)``, stamp the switch; returns pause seconds."""
         ...
@@ -117,6 +121,10 @@ class WorkersEngine(Engine[EngineWorkers], Protocol):
     def workers(self) -> EngineWorkers:
         """The workers, also reached without a pause: receiving into staging that way (the actor's
         async mode) stalls generation, between two engine steps, only while the tensors arrive."""
+        ...
+
+    def rejoin_weight_group(self) -> None:
+        """The workers join the weight group a restarted trainer leads."""
         ...
 
 

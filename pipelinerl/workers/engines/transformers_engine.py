@@ -150,6 +150,8 @@ class TransformersEngine:
         with self._lock:
             while not output_queue.empty():
                 result = output_queue.get_nowait()
+                if result.request_id not in self._outstanding:  # aborted: its end is nobody's
+                    continue
                 if result.status == RequestStatus.FAILED:
                     raise RuntimeError(f"generation of {result.request_id} failed: {result.error}")
                 if result.is_finished():
@@ -157,6 +159,13 @@ class TransformersEngine:
         if not completed and self._outstanding and not self._manager.is_running():
             raise RuntimeError(f"the generation loop stopped with requests in flight: {self._failure()}")
         return completed
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Stop writing these requests and forget them: ``poll`` never returns them."""
+        with self._lock:
+            for request_id in request_ids:
+                if self._outstanding.pop(request_id, None) is not None:
+                    self._manager.cancel_request(request_id)
 
     def _complete(self, result: GenerationOutput) -> CompletedSequence:
         prompt, switches = self._outstanding.pop(result.request_id)

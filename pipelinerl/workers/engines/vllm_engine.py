@@ -237,6 +237,7 @@ class VLLMEngine:
             self._labels = hasattr(self._engine, "update_weight_version")  # 0.27 and newer
             if self._labels:
                 self._call(self._engine.update_weight_version(str(policy_version)))
+            self._weight_group = weight_group
             if weight_group is not None:
                 self.rpc(
                     "pipelinerl_join_weight_group",
@@ -290,7 +291,7 @@ class VLLMEngine:
         self._loop.call_soon_threadsafe(self._start_request, request_id, prompt, sampling)
 
     def _start_request(self, request_id: str, prompt: list[int], sampling: Any) -> None:
-        task = self._loop.create_task(self._generate(request_id, prompt, sampling))
+        task = self._loop.create_task(self._generate(request_id, prompt, sampling), name=request_id)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -304,8 +305,10 @@ class VLLMEngine:
             if final is None or not final.finished:
                 raise RuntimeError(f"vLLM returned no final output for request {request_id}")
             with self._stamps_lock:
+                switches = self._outstanding.get(request_id)
+                if switches is None:  # aborted as it finished
+                    return
                 self._finished.add(request_id)
-                switches = self._outstanding[request_id]
             self._results.put(self._complete(request_id, prompt, final.outputs[0], switches))
         except asyncio.CancelledError:
             raise
@@ -356,12 +359,44 @@ class VLLMEngine:
             if isinstance(item, BaseException):
                 raise item
             with self._stamps_lock:
-                self._outstanding.pop(item.request_id, None)
+                known = self._outstanding.pop(item.request_id, None) is not None
                 self._finished.discard(item.request_id)
-            completed.append(item)
+            if known:  # else aborted after it finished
+                completed.append(item)
         if not completed and self._outstanding and self._engine.errored:
             raise RuntimeError(f"the vLLM engine died with {len(self._outstanding)} requests in flight")
         return completed
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Stop writing these requests and forget them: ``poll`` never returns them (cancelling a
+        request's ``generate`` aborts it in vLLM)."""
+        aborted = set(request_ids)
+        with self._stamps_lock:
+            for request_id in aborted:
+                self._outstanding.pop(request_id, None)
+                self._finished.discard(request_id)
+
+        def cancel() -> None:
+            for task in list(self._tasks):
+                if task.get_name() in aborted:
+                    task.cancel()
+
+        self._loop.call_soon_threadsafe(cancel)
+
+    def rejoin_weight_group(self) -> None:
+        """Every worker joins the weight group again (a restarted trainer leads a new one); blocks until
+        the trainer has formed it."""
+        group = self._weight_group
+        if group is None:
+            raise RuntimeError("this engine was started without a weight group")
+        self.rpc(
+            "pipelinerl_join_weight_group",
+            group.host,
+            group.port,
+            group.first_rank,
+            group.world_size,
+            group.timeout_s,
+        )
 
     # ----- weights -----
 

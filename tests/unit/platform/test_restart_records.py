@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipelinerl.platform.rebase import RebaseAnswer
 from pipelinerl.platform.restart_records import discard_after, read_restarts
 
 
@@ -100,3 +101,29 @@ def test_a_restart_from_the_start_discards_every_version_and_a_second_restart_ad
     assert second.discarded_versions == [] and second.discarded_rollouts == 0
     assert "no version discarded" in second.describe()
     assert [r["attempt"] for r in read_restarts(run_dir)] == [1, 2]
+
+
+def test_actors_that_outlived_the_restart_count_what_they_aborted_kept_and_hand_out_again(
+    tmp_path: Path,
+) -> None:
+    """The engines' part of what was lost is what the surviving actors aborted (their answers), not the
+    in-flight count of their last records; what they kept and hand out again is said."""
+    run_dir = tmp_path / "run"
+    crashed_run(run_dir)
+    answers = [
+        RebaseAnswer(0, 1, engine_version=5, kept_groups=0, kept_sequences=0, aborted_sequences=7,
+                     regenerated_prompts=5, paused_at=1.0),
+        RebaseAnswer(1, 1, engine_version=3, kept_groups=2, kept_sequences=8, aborted_sequences=1,
+                     regenerated_prompts=2, paused_at=1.0),
+    ]  # fmt: skip
+    discarded = discard_after(
+        run_dir, 3, attempt=1, reason="trainer0", sequences_per_batch=4, answers=answers
+    )
+    assert discarded.lost_in_flight == 3 + 8 + 7 + 1
+    assert not discarded.actors_restarted
+    assert (discarded.kept_in_actors, discarded.regenerated) == (8, 7)
+    assert "the actors kept their engines, 8 sequences and 7 prompts handed out again" in discarded.describe()
+    assert read_restarts(run_dir)[0]["regenerated"] == 7
+    # Without answers every stage restarted: nothing kept by an actor.
+    again = discard_after(run_dir, 3, attempt=2, reason="actor0", sequences_per_batch=4)
+    assert again.actors_restarted and again.kept_in_actors == 0
