@@ -563,6 +563,7 @@ def _train(
                 reason=first_line,
                 sequences_per_batch=config.rl.batch_size // config.trainer.num_processes,
                 answers=answers,
+                checkpoint=config.run.resume_from,
             )
             records = [r for r in records if r["policy_version"] <= resumed_from]
             sinks.evals[:] = [r for r in sinks.evals if r["policy_version"] <= resumed_from]

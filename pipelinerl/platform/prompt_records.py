@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelinerl.platform.batch_records import batch_record_path, read_batch_record
-from pipelinerl.platform.checkpoint import prompt_position
+from pipelinerl.platform.checkpoint import TrainedSoFar, prompt_position, read_trained
 from pipelinerl.platform.jsonl import step_records
 
 PROMPTS_DIR = "prompts"
@@ -161,6 +161,22 @@ def audit_prompts(
                 audit.skipped.append(position)
         audits.append(audit)
     return PromptAudit(audits, versions)
+
+
+def handed_out_again(run_dir: Path, checkpoint: Path | None) -> int:
+    """How many prompts the actors handed out that a restart from ``checkpoint`` (None: from the start)
+    hands out again: every position its policy was not trained on (in flight, queued or dropped when the
+    stage died, or handed out after the last one it trained), once per actor and position."""
+    trained = read_trained(checkpoint) if checkpoint is not None else TrainedSoFar()
+    again = 0
+    for path in sorted((run_dir / PROMPTS_DIR).glob("actor*.jsonl")):
+        if not (number := path.stem.removeprefix("actor")).isdigit():
+            continue
+        actor_id = int(number)
+        start, gaps = trained.prompt_positions.get(actor_id, 0), set(trained.untrained_before(actor_id))
+        positions = {int(record["position"]) for record in _lines(path)}
+        again += sum(1 for position in positions if position >= start or position in gaps)
+    return again
 
 
 def audit_run(run_dir: Path, ranks: int) -> PromptAudit:

@@ -28,7 +28,7 @@ from typing import Any
 
 from pipelinerl.platform.atomic_file import write_atomically
 from pipelinerl.platform.batch_records import BATCHES_DIR
-from pipelinerl.platform.prompt_records import PROMPTS_DIR, TRAINER_DROPS
+from pipelinerl.platform.prompt_records import PROMPTS_DIR, TRAINER_DROPS, handed_out_again
 from pipelinerl.platform.rebase import RebaseAnswer
 from pipelinerl.platform.step_digests import DIGESTS_DIR
 from pipelinerl.platform.tracking.metric_registry import ACTOR_IN_FLIGHT, QUEUE_ROLLOUTS
@@ -145,11 +145,13 @@ def discard_after(
     reason: str,
     sequences_per_batch: int,
     answers: Sequence[RebaseAnswer] | None = None,
+    checkpoint: Path | None = None,
 ) -> Discarded:
     """Move every record of a version above ``resumed_from_version`` aside and record what went.
 
     Call only while no stage of the run appends to these files: none alive, or actors that outlived the
-    restart and gave their ``answers`` (they closed their files and answered, ``platform/rebase.py``)."""
+    restart and gave their ``answers`` (they closed their files and answered, ``platform/rebase.py``).
+    ``checkpoint``: where the run resumes (None: its start), for the prompts handed out again."""
     metrics = [json.loads(line) for line in _read(run_dir / "metrics.jsonl") if line.strip()]
     last_trained = max((_version(record) for record in metrics), default=resumed_from_version)
     thrown_metrics = [record for record in metrics if _version(record) > resumed_from_version]
@@ -168,7 +170,11 @@ def discard_after(
         time=time.time(),
         actors_restarted=answers is None,
         kept_in_actors=sum(answer.kept_sequences for answer in answers or ()),
-        regenerated=sum(answer.regenerated_prompts for answer in answers or ()),
+        regenerated=(
+            handed_out_again(run_dir, checkpoint)
+            if answers is None
+            else sum(answer.regenerated_prompts for answer in answers)
+        ),
     )
     aside = run_dir / DISCARDED_DIR / f"attempt{attempt}"
     files = {run_dir / name: version_of for name, version_of in VERSIONED_FILES.items()}

@@ -20,9 +20,12 @@ import numpy as np
 import pytest
 
 from pipelinerl.launch.launcher import launch
+from pipelinerl.platform.prompt_records import audit_run
+from pipelinerl.platform.restart_records import read_restarts
 from tests.conftest import build_random_model_dir, worker_port
 from tests.integration.test_behaviour_mismatch import check_behaviour_mismatch
 from tests.integration.test_pipeline import check_records_against_token_data, small_config
+from tests.integration.test_restart import Launched, kill_stage
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -55,27 +58,52 @@ def vllm_config(tmp_path: Path, model_dir: Path, *overrides: str):
     )
 
 
-def test_two_vllm_actors_in_async_mode_stage_weights_in_their_workers(tmp_path, vllm_model_dir):
-    """Two vLLM engines join the one weight group (ranks 1 and 2) and both take every update.
+def test_two_vllm_actors_in_async_mode_stage_weights_in_their_workers_and_outlive_a_trainer_crash(
+    tmp_path, vllm_model_dir
+):
+    """Two vLLM engines join the one weight group (ranks 1 and 2) and both take every update; trainer
+    rank 0 is killed once it has trained version 3 (checkpoints every 2), and the engines outlive its
+    restart: the actors pause, their workers join the restarted trainer's group and take version 2's
+    weights, the run trains on to its last step and no prompt is skipped or trained twice.
 
     Every update reaches both engines' workers: the trainer's broadcast completes only once every
     rank has received it. When each actor loads what it received depends on how fast it drains
     (one engine may start later and write little before the trainer is done), so loads are checked
     for order, and every trained token against the versions the actors loaded."""
     config = vllm_config(
-        tmp_path, vllm_model_dir, "run.mode=async", "run.async_drain_lag=1", "actor.num_actors=2"
+        tmp_path,
+        vllm_model_dir,
+        "run.mode=async",
+        "run.async_drain_lag=1",
+        "actor.num_actors=2",
+        "run.max_steps=6",
+        "trainer.checkpoint_every=2",
+        "run.max_restarts=1",
     )
-    result = launch(config)
-    assert result.summary["steps"] == 4
+    launched = Launched(config, "vllm-restart")
+    kill_stage(launched, tmp_path / "vllm-restart", "pipelinerl.workers.trainer", at_version=3)
+    result = launched.finish()
+    assert result.summary["steps"] == 6
     assert result.summary["inflight_sequences"] == 0
+    [restart] = read_restarts(result.run_dir)
+    assert restart["actors_restarted"] is False and restart["resumed_from_version"] >= 2, restart
+    resumed = restart["resumed_from_version"]
     check_records_against_token_data(result)
     published = [record["policy_version"] for record in result.records if "weights/broadcast_ms" in record]
     assert published, "the trainer published its updates"
+    audit = audit_run(result.run_dir, ranks=1)
+    assert audit.ok, audit
     loaded = {}
     for actor_id in (0, 1):
         log = (result.run_dir / "logs" / f"actor{actor_id}.log").read_text()
-        received = [int(v) for v in re.findall(r"weights v(\d+) received into the engine's workers", log)]
-        assert received == published, f"actor{actor_id} received every update in order: {received}"
+        assert f"paused for the restart from version {resumed}" in log
+        before, after = log.split("joined the restarted trainer's weight group")
+        received = [int(v) for v in re.findall(r"weights v(\d+) received into the engine's workers", after)]
+        # After the restart: the checkpoint's weights, then every update of the surviving lineage.
+        assert received == [resumed, *(v for v in published if v > resumed)], (actor_id, received)
+        earlier = [int(v) for v in re.findall(r"weights v(\d+) received into the engine's workers", before)]
+        assert earlier == sorted(earlier), (actor_id, earlier)
+        assert {v for v in published if v <= resumed} <= set(earlier), (actor_id, earlier)
         updates = [
             json.loads(line) for line in (result.run_dir / f"actor{actor_id}.jsonl").read_text().splitlines()
         ]

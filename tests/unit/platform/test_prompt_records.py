@@ -8,11 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipelinerl.platform.checkpoint import train_group_id
+from pipelinerl.platform.checkpoint import TrainedSoFar, train_group_id, write_trained
 from pipelinerl.platform.prompt_records import (
     REJECTED_BY_TRAINER,
     all_drops,
     audit_prompts,
+    handed_out_again,
     trainer_dropped_path,
 )
 
@@ -88,3 +89,22 @@ def test_a_prompt_whose_rollouts_the_trainer_refused_is_dropped_with_that_reason
     [actor] = audit_prompts({0: handed([0, 1, 2], 1.0)}, trained((0, "1a")), drops, versions=1).actors
     assert actor.ok and actor.trained_once == 1 and not actor.in_flight_at_end
     assert actor.dropped == {REJECTED_BY_TRAINER: 1, "zero_variance": 1}
+
+
+def test_a_restart_hands_out_again_what_its_checkpoint_was_not_trained_on(tmp_path: Path) -> None:
+    """Positions 0..9 handed out; the checkpoint trained 0..3 and 5 (4 was dropped): a restart from it
+    hands out 4 and 6..9 again; from the start, all ten."""
+    run_dir = tmp_path / "run"
+    (run_dir / "prompts").mkdir(parents=True)
+    (run_dir / "prompts" / "actor0.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in handed(list(range(10)), 1.0))
+    )
+    (run_dir / "prompts" / "actor1.jsonl").write_text("")  # an actor that handed out nothing
+    checkpoint = tmp_path / "v3"
+    checkpoint.mkdir()
+    so_far = TrainedSoFar()
+    for position in (0, 1, 2, 3, 5):
+        so_far.add(f"r{position}", train_group_id(0, position, "ab"))
+    write_trained(checkpoint, 0, so_far)
+    assert handed_out_again(run_dir, checkpoint) == 5
+    assert handed_out_again(run_dir, None) == 10
