@@ -29,6 +29,7 @@ import ipaddress
 import logging
 import os
 import socket
+import time
 from datetime import timedelta
 
 import psutil
@@ -40,6 +41,7 @@ logger = logging.getLogger(__name__)
 # may connect at once (torch's own store backlog is of this order).
 LISTEN_BACKLOG = 2048
 GLOO_INTERFACE_ENV = "GLOO_SOCKET_IFNAME"
+LISTENER_POLL_S = 0.05  # how often a store client looks for its server
 
 
 def _address_family(host: str, port: int) -> tuple[socket.AddressFamily, tuple[str, int]]:
@@ -75,8 +77,10 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 def host_store(
     host: str, port: int, world_size: int, *, is_master: bool, timeout: timedelta
 ) -> dist.TCPStore:
-    """A ``TCPStore`` whose server (``is_master``) listens on ``host:port`` only; a client connects to it."""
+    """A ``TCPStore`` whose server (``is_master``) listens on ``host:port`` only; a client connects to it,
+    once the server listens (``wait_for_listener``)."""
     if not is_master:
+        wait_for_listener(host, port, timeout.total_seconds())
         return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
     listener = _listening_socket(host, port)
     descriptor = listener.detach()  # the store owns it now and closes it when it goes
@@ -93,6 +97,24 @@ def host_store(
     except BaseException:
         os.close(descriptor)
         raise
+
+
+def wait_for_listener(host: str, port: int, timeout_s: float, poll_s: float = LISTENER_POLL_S) -> bool:
+    """Wait until something accepts TCP connections at ``host:port`` (True), or ``timeout_s`` passed.
+
+    A store client started before its server retries with a growing back-off: it joined 2.7 s after a
+    server that came up 3 s late, which every actor paid again at a restart of the trainer role. A plain
+    connection, closed at once, is what the server sees of this probe."""
+    family, address = _address_family(host, port)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.settimeout(max(poll_s, 0.5))
+            if probe.connect_ex(address) == 0:
+                return True
+        if time.monotonic() >= deadline:
+            return False  # the store's own connection reports it
+        time.sleep(poll_s)
 
 
 def holds_address(host: str) -> bool:

@@ -38,6 +38,13 @@ weights and version, counts the refused buckets (``actor/weight_buckets_refused`
 its own) and logs a warning naming them; the next update that verifies replaces every tensor. A
 conventional round waiting for the refused version goes on with the weights it has.
 
+When a trainer rank or the preprocessor dies and the launcher restarts only them
+(``run.actors_survive_restart``, ``platform/rebase.py``), the actor outlives the restart: the weights
+thread sees the launcher's notice, the main thread pauses (keeps the whole train groups every token of
+which the resumed lineage sampled, aborts the rest, takes up the checkpoint's prompt stream, answers),
+the weights thread joins the restarted trainer's weight group, and the checkpoint's weights, loaded as
+an ordinary update (older than the engine's), end the pause (``pause_for_rebase``, ``rebase_weights``).
+
 Threads, and who owns what:
 
 * **main** (``run``: ``run_pipeline`` or ``run_conventional``): the generation loop. It alone submits
@@ -268,9 +275,10 @@ class Actor:
     # ----- weights: receiver thread -----
 
     def receive_weights(self) -> None:
-        """The weights thread. Whatever stops it (a refused notice, a broken weight group) stops the
-        actor too, which then exits with that error: an actor left on old weights would stall the
-        trainer's next broadcast, with nothing said."""
+        """The weights thread. Whatever stops it (a refused notice, a broken weight group the launcher
+        will not restart) stops the actor too, which then exits with that error: an actor left on old
+        weights would stall the trainer's next broadcast, with nothing said. A weight group broken by
+        the trainer's death, where the actors outlive its restart, waits for the launcher's notice."""
         try:
             self._receive_weights()
         except BaseException as error:
@@ -666,7 +674,7 @@ class Actor:
             if self.rollouts.send(rollout, timeout_s=0):
                 continue
             with self.idle():  # the rollout queue is full: backpressure from the trainer
-                while not self.rollouts.send(rollout, timeout_s=1.0):
+                while not self.rollouts.send(rollout, timeout_s=0.2):
                     if self.stop.is_set() or self.rebase_request is not None:
                         return len(finished)
         return len(finished)
