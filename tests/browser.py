@@ -55,3 +55,9 @@ def screenshot_dir(name: str) -> Path:
     directory = root / name
     directory.mkdir(parents=True, exist_ok=True)
     return directory
+
+
+def trace_count(browser: Any, element_id: str) -> int:
+    """How many traces the Plotly chart ``element_id`` of the page draws (0 before it is drawn)."""
+    script = f"const e = document.getElementById('{element_id}'); return e && e.data ? e.data.length : 0;"
+    return int(browser.execute_script(script))

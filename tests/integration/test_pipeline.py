@@ -50,7 +50,10 @@ from pipelinerl.platform.tracking.store import PlatformStore
 from pipelinerl.platform.transport import Receiver, Sender
 from pipelinerl.platform.weights import WeightGroup
 from pipelinerl.platform.wire import Rollout, Shutdown, WeightDigests, WeightUpdate
+from pipelinerl.ui.app import settings_from_config
+from pipelinerl.ui.load_benchmark import BackgroundServer
 from pipelinerl.workers.actor import Actor
+from tests.browser import headless_chromium, trace_count
 from tests.conftest import non_loopback_ipv4, wait_until, worker_port
 from tests.integration.test_behaviour_mismatch import check_behaviour_mismatch
 from tests.runs import Run
@@ -59,6 +62,7 @@ from tests.stranger import GARBAGE, Delivery, send_as_stranger
 pytestmark = pytest.mark.slow
 
 _next_port = iter(range(worker_port(21300), worker_port(21900), 20))
+COMPARE_PAGE_PORT = worker_port(28450)  # the dashboard that shows a what-if replay beside its run
 
 
 def small_config(tmp_path: Path, model_dir: Path, *overrides: str):
@@ -345,6 +349,19 @@ def test_a_replay_trains_the_recorded_steps_to_the_bit_and_a_what_if_the_same_ba
         [row] = store.child_runs(run_dir.name)
         assert row.mlflow_run_id == child.info.run_id and row.status == "finished"
         assert row.id.startswith(f"{run_dir.name}-replay-")
+    # The dashboard's compare page draws the what-if beside the run it replays, in a real browser.
+    with (
+        BackgroundServer(settings_from_config(zero3_run.config), COMPARE_PAGE_PORT) as server,
+        headless_chromium() as browser,
+    ):
+        browser.get(f"{server.url}/compare?run={run_dir.name}&run={row.id}")
+        wait_until(
+            lambda: trace_count(browser, "chart-ess") == 2, 60, "the run and its what-if in the ESS chart"
+        )
+        names = browser.execute_script("return document.getElementById('chart-ess').data.map(t => t.name);")
+        table = browser.find_elements("css selector", "#compare-table tbody tr")
+        assert len(table) == 2 and len(set(names)) == 2, names
+        assert row.id.rsplit("-", 1)[-1] in " ".join(names), names  # the what-if told apart by its id
 
 
 def check_conventional_rounds(run: Run, ranks: int = 1) -> None:

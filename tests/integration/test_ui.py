@@ -28,7 +28,7 @@ from pipelinerl.platform.config import PipelineConfig, load_config
 from pipelinerl.platform.tracking.store import PlatformStore
 from pipelinerl.ui.app import UiSettings, create_app, settings_from_config
 from pipelinerl.ui.load_benchmark import BackgroundServer
-from tests.browser import headless_chromium, screenshot_dir
+from tests.browser import headless_chromium, screenshot_dir, trace_count
 from tests.conftest import wait_until, worker_port
 
 # The tests after the first wait for the comparison to finish (about a minute and a half here).
@@ -153,11 +153,6 @@ def colour_pixels(png: Path, browser: Any, element_id: str, colour: str, toleran
         pixels = np.asarray(image.convert("RGB").crop(box), dtype=np.int32)
     target = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)])
     return int((np.abs(pixels - target).sum(axis=2) < tolerance).sum())
-
-
-def trace_count(browser: Any, element_id: str) -> int:
-    script = f"const e = document.getElementById('{element_id}'); return e && e.data ? e.data.length : 0;"
-    return int(browser.execute_script(script))
 
 
 # ----- the tests (in this order: the first one needs the run still going) -----

@@ -23,9 +23,9 @@ from pipelinerl.platform.run_phase import write_phase
 from pipelinerl.platform.tracking.store import PlatformStore
 from pipelinerl.ui.app import UiSettings
 from pipelinerl.ui.load_benchmark import BackgroundServer, fill_synthetic_run
-from tests.browser import headless_chromium, screenshot_dir
+from tests.browser import headless_chromium, screenshot_dir, trace_count
 from tests.conftest import wait_until, worker_port
-from tests.integration.test_ui import colour_pixels, screenshot, trace_count
+from tests.integration.test_ui import colour_pixels, screenshot
 
 PORT = worker_port(27010)
 SETTINGS = ["rl.batch_size=64", "rl.group_size=8", "run.max_steps=8"]
