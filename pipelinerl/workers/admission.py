@@ -132,12 +132,16 @@ def continuous_admission(config: PipelineConfig) -> ContinuousAdmission:
 
 
 def conventional_round(config: PipelineConfig, start_version: int) -> ConventionalRound:
-    """The conventional round that starts with the engine at ``start_version``."""
+    """The conventional round that starts with the engine at ``start_version``: the batches of the steps
+    up to the next version the trainer publishes (a multiple of G, ``trainer.publishes_after``): G of
+    them, fewer for a run resumed from a checkpoint inside a round (which otherwise waited for a version
+    never published)."""
     run, rl = config.run, config.rl
+    steps = run.steps_per_round - start_version % run.steps_per_round
     return ConventionalRound(
         start_version=start_version,
-        steps=run.steps_per_round,
-        groups_left=round_groups(run.steps_per_round, rl.batch_size, rl.group_size),
+        steps=steps,
+        groups_left=round_groups(steps, rl.batch_size, rl.group_size),
         max_in_flight=config.actor.max_in_flight,
         group_size=rl.group_size,
     )

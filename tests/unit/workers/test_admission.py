@@ -147,6 +147,18 @@ def test_a_round_holds_g_steps_of_batches():
     assert this_round.next_version == 8
 
 
+def test_a_round_resumed_inside_a_round_ends_where_the_trainer_publishes():
+    """A checkpoint at v7 with G=4 (the trainer publishes v8, v12, ...): the first round generates the one
+    step up to v8 and waits for it, not for v11, which is never published."""
+    config = load_config(
+        None, ["run.mode=conventional", "run.steps_per_round=4", "rl.batch_size=16", "rl.group_size=8"]
+    )
+    first = conventional_round(config, start_version=7)
+    assert (first.steps, first.groups_left, first.next_version) == (1, 2, 8)
+    assert conventional_round(config, start_version=5).next_version == 8
+    assert conventional_round(config, start_version=8).next_version == 12
+
+
 def test_a_round_admits_what_fits_and_its_last_group_waits_for_room():
     this_round = ConventionalRound(start_version=0, steps=1, groups_left=3, max_in_flight=10, group_size=4)
     assert this_round.groups_to_admit(0) == 2 and this_round.groups_left == 1
