@@ -57,6 +57,7 @@ from pipelinerl.platform.checkpoint import RunStart, latest_checkpoint, starting
 from pipelinerl.platform.config import ConfigError, PipelineConfig, with_overrides
 from pipelinerl.platform.curve_keys import PRIVATE_DIR_MODE, create_curve_keys
 from pipelinerl.platform.jsonl import JsonlTail
+from pipelinerl.platform.prompt_records import dropped_prompts_path, handed_out_path, trainer_dropped_path
 from pipelinerl.platform.rebase import Rebase, RebaseAnswer, clear_rebase, read_answers, write_rebase
 from pipelinerl.platform.restart_records import discard_after, read_restarts
 from pipelinerl.platform.run_phase import write_phase
@@ -279,18 +280,22 @@ def _check_embedded_model_can_learn(config: PipelineConfig, task: Any) -> None:
 
 
 class RecordTails:
-    """The JSON-lines files the stages append to, read incrementally (trainer, actors, preprocessor).
+    """The JSON-lines files the stages append to, read incrementally (trainer, actors, preprocessor,
+    and the prompt records: each actor's hand-outs, the preprocessor's and each trainer rank's drops).
 
     After a restart from a checkpoint at version c, ``restart_records.discard_after`` has moved the
     crashed attempt's records of versions after c aside; ``rewind(c)`` goes on from the files as they
     are then, so the versions the next attempt trains again are handed on as what they now are.
     """
 
-    def __init__(self, run_dir: Path, num_actors: int) -> None:
+    def __init__(self, run_dir: Path, num_actors: int, trainer_ranks: int = 1) -> None:
         self.trainer = JsonlTail(run_dir / "metrics.jsonl")
         self.actors = [JsonlTail(run_dir / f"actor{k}.jsonl") for k in range(num_actors)]
         self.preprocessor = JsonlTail(run_dir / "preprocessor.jsonl")
         self.evals = JsonlTail(run_dir / "eval.jsonl")
+        self.handouts = [JsonlTail(handed_out_path(run_dir, k)) for k in range(num_actors)]
+        self.drops = [JsonlTail(dropped_prompts_path(run_dir))]
+        self.drops += [JsonlTail(trainer_dropped_path(run_dir, rank)) for rank in range(trainer_ranks)]
         self.last_version = -1
 
     def read(self, sink: RecordSink) -> list[dict[str, Any]]:
@@ -298,6 +303,12 @@ class RecordTails:
         for tail in self.actors:
             if new := tail.read():
                 sink.actor_records(new)
+        for actor_id, tail in enumerate(self.handouts):
+            if new := tail.read():
+                sink.handout_records(actor_id, new)
+        for tail in self.drops:
+            if new := tail.read():
+                sink.drop_records(new)
         if new := self.preprocessor.read():
             sink.preprocessor_records(new)
         if new := self.evals.read():
@@ -309,8 +320,10 @@ class RecordTails:
         return trainer
 
     def rewind(self, version: int) -> None:
-        """Go on from the end of the files as they are now (no stage running), at policy ``version``."""
-        for tail in (self.trainer, *self.actors, self.preprocessor, self.evals):
+        """Go on from the end of the files as they are now (no stage running), at policy ``version``.
+        The hand-outs read on from where they were: no restart cuts them, and an actor that outlived
+        the restart has written its kept groups there since the last read."""
+        for tail in (self.trainer, *self.actors, self.preprocessor, self.evals, *self.drops):
             tail.offset = tail.path.stat().st_size if tail.path.exists() else 0
         self.last_version = version
 
@@ -320,6 +333,8 @@ class RecordSink(Protocol):
     def actor_records(self, records: Sequence[dict[str, Any]]) -> None: ...
     def preprocessor_records(self, records: Sequence[dict[str, Any]]) -> None: ...
     def eval_records(self, records: Sequence[dict[str, Any]]) -> None: ...
+    def handout_records(self, actor_id: int, records: Sequence[dict[str, Any]]) -> None: ...
+    def drop_records(self, records: Sequence[dict[str, Any]]) -> None: ...
 
 
 @dataclass
@@ -351,6 +366,14 @@ class Sinks:
             callback(list(records))
         if self.tracker is not None:
             self.tracker.eval_records(records)
+
+    def handout_records(self, actor_id: int, records: Sequence[dict[str, Any]]) -> None:
+        if self.tracker is not None:
+            self.tracker.handout_records(actor_id, records)
+
+    def drop_records(self, records: Sequence[dict[str, Any]]) -> None:
+        if self.tracker is not None:
+            self.tracker.drop_records(records)
 
 
 class Placement(Protocol):
@@ -511,7 +534,7 @@ def _train(
     """Start the stages and supervise them until the trainer is done, restarting after a crash
     from the latest checkpoint while ``run.max_restarts`` allows. Returns the records and restarts."""
     config, run_dir, model_path = prepared.config, prepared.run_dir, prepared.model_path
-    tails = RecordTails(run_dir, config.actor.num_actors)
+    tails = RecordTails(run_dir, config.actor.num_actors, config.trainer.num_processes)
     records: list[dict[str, Any]] = []
     restarts = 0
     start_all = True  # else the actors outlived a restart of the trainer role, started alone
@@ -583,6 +606,8 @@ def _train(
             placement.stop(grace_s=0)
             raise
     placement.stop()  # the trainer sent Shutdown: let the others exit on their own
+    # What they wrote while exiting (the actors' last hand-outs, the preprocessor's last drops).
+    records.extend(tails.read(sinks))
     return records, restarts
 
 

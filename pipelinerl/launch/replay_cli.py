@@ -19,7 +19,8 @@ from pipelinerl.launch.replay_view import print_replay
 from pipelinerl.platform.bundles import BundleError, export_bundle
 from pipelinerl.platform.checkpoint import CheckpointError
 from pipelinerl.platform.config import PipelineConfig
-from pipelinerl.platform.prompt_records import PromptAuditError, audit_run
+from pipelinerl.platform.prompt_records import PromptAudit, PromptAuditError, audit_run
+from pipelinerl.platform.tracking.db_cli import ConfigOption, SetOption, UrlOption, resolve_url
 
 console = Console()
 
@@ -126,17 +127,63 @@ def export_command(
     )
 
 
-def audit_command(run_dir: Annotated[Path, typer.Argument(help="The run's directory.")]) -> None:
+def audit_command(
+    run: Annotated[
+        str,
+        typer.Argument(help="The run's directory, or its id (or a unique prefix) in the platform database."),
+    ],
+    url: UrlOption = None,
+    config: ConfigOption = None,
+    set_: SetOption = None,
+) -> None:
     """Check that every prompt the run's actors handed out was trained exactly once in the surviving
-    lineage, or dropped with its reason, or was in flight at the end; print what is off (exit 1)."""
-    source = run_dir.expanduser().resolve()
+    lineage, or dropped with its reason, or was in flight at the end; print what is off (exit 1).
+
+    RUN is read from its run directory when it is one, else from the prompt ledger its tracker wrote in
+    the platform database (--url, else the configuration's); both give the same report."""
+    source = Path(run).expanduser()
     try:
-        ranks = PipelineConfig.model_validate_json((source / "config.json").read_text()).trainer.num_processes
-        audit = audit_run(source, ranks)
+        if source.is_dir():
+            source = source.resolve()
+            config_json = (source / "config.json").read_text()
+            ranks = PipelineConfig.model_validate_json(config_json).trainer.num_processes
+            name, audit = source.name, audit_run(source, ranks)
+        else:
+            name, audit = _audit_from_database(run, resolve_url(url, config, set_))
     except (PromptAuditError, OSError, ValueError) as error:
         console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from None
-    table = Table(title=f"prompts of {source.name} ({audit.versions} steps in the surviving lineage)")
+    print_audit(name, audit)
+
+
+def _audit_from_database(run: str, url: str) -> tuple[str, PromptAudit]:
+    """The audit of the run ``run`` names in the platform database at ``url``: its id, and the audit."""
+    # SQLAlchemy: only for an audit from the database (`import pipelinerl.cli` must not load it).
+    from pipelinerl.platform.tracking.db import PlatformDatabaseError, display_url  # noqa: PLC0415
+    from pipelinerl.platform.tracking.store import PlatformStore  # noqa: PLC0415
+
+    try:
+        with PlatformStore(url) as store:
+            run_id = store.find_run_id(run)
+            records = store.prompt_records(run_id)
+    except LookupError as error:
+        raise PromptAuditError(
+            f"{run!r} is not a run directory, and the platform database {display_url(url)!r} says: "
+            f"{error.args[0] if error.args else error}"
+        ) from None
+    except PlatformDatabaseError as error:
+        raise PromptAuditError(str(error)) from None
+    if not any(records.handed_out.values()):
+        raise PromptAuditError(
+            f"run {run_id!r} has no prompt hand-outs in the platform database {display_url(url)!r}: a run "
+            "recorded before revision 0004 (audit its run directory instead), or one that started no actor"
+        )
+    return run_id, records.audit()
+
+
+def print_audit(name: str, audit: PromptAudit) -> None:
+    """The audit's table and what is off; exit 1 if a prompt was skipped or trained twice."""
+    table = Table(title=f"prompts of {name} ({audit.versions} steps in the surviving lineage)")
     columns = ("actor", "handed out", "trained once", "dropped", "in flight at the end", "not reached again")
     for column in (*columns, "skipped", "twice"):
         table.add_column(column, justify="right")

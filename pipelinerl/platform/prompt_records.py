@@ -25,6 +25,10 @@ the run ended), not reached again (handed out by an attempt that did not survive
 attempt's stream got before the end), or **skipped**: handed out by an attempt that did not survive,
 below where the last attempt got, and never trained, dropped or handed out again (an error: the loss a
 resume must not cause).
+
+The platform database keeps the same records (its prompt ledger: ``prompt_handouts`` and
+``prompt_outcomes``, written by the run's tracker), so ``PlatformStore.prompt_records`` gives the audit
+what ``read_prompt_records`` gives it from the run directory: both are ``PromptRecords``.
 """
 
 from __future__ import annotations
@@ -107,6 +111,39 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
+def drop_version(drop: dict[str, Any]) -> int | None:
+    """The policy version a drop belongs to: a trainer rank's refusal says the version its step would
+    have made; the preprocessor's drop says the step whose batch it was building, which makes version
+    step + 1 (``restart_records`` sets both aside by it)."""
+    if "policy_version" in drop:
+        return int(drop["policy_version"])
+    return int(drop["step"]) + 1 if "step" in drop else None
+
+
+def drop_key(drop: dict[str, Any]) -> tuple[str, str, int | None]:
+    """(group, reason, version): one drop, however many of its group's rollouts have a record of it."""
+    return str(drop.get("group_id", "")), str(drop.get("reason") or "unknown"), drop_version(drop)
+
+
+def _main_reason(reasons: Counter[str]) -> str:
+    # The most frequent; a tie goes to the first by name, not by the order the records were read in.
+    return min(reasons, key=lambda reason: (-reasons[reason], reason))
+
+
+@dataclass(frozen=True)
+class PromptRecords:
+    """What ``audit_prompts`` reads, from the run directory (``read_prompt_records``) or the platform
+    database (``PlatformStore.prompt_records``)."""
+
+    handed_out: dict[int, list[dict[str, Any]]]  # actor -> its hand-outs
+    trained: dict[tuple[int, int], set[str]]  # (actor, position) -> the groups the lineage trained
+    dropped: list[dict[str, Any]]
+    versions: int
+
+    def audit(self) -> PromptAudit:
+        return audit_prompts(self.handed_out, self.trained, self.dropped, self.versions)
+
+
 def trained_groups(run_dir: Path, ranks: int) -> dict[tuple[int, int], set[str]]:
     """(actor, position) -> the train groups of that prompt trained in the surviving lineage."""
     trained: dict[tuple[int, int], set[str]] = defaultdict(set)
@@ -131,11 +168,15 @@ def audit_prompts(
     versions: int,
 ) -> PromptAudit:
     """The audit of every actor's ``handed_out`` records against the lineage's ``trained`` groups and
-    its ``dropped`` records (pure)."""
+    its ``dropped`` records (pure).
+
+    A prompt never trained but dropped counts under its drops' most frequent reason, each drop counted
+    once (``drop_key``): a trainer rank writes one record per rollout it refused, the platform database
+    one row per drop, and the two must give the same audit."""
     reasons: dict[tuple[int, int], Counter[str]] = defaultdict(Counter)
-    for drop in dropped:
-        if (where := prompt_position(str(drop.get("group_id", "")))) is not None:
-            reasons[where][str(drop.get("reason", "unknown"))] += 1
+    for group_id, reason, _ in {drop_key(drop) for drop in dropped}:
+        if (where := prompt_position(group_id)) is not None:
+            reasons[where][reason] += 1
     audits = []
     for actor_id, records in sorted(handed_out.items()):
         audit = ActorAudit(actor_id)
@@ -152,7 +193,7 @@ def audit_prompts(
             elif len(groups) > 1:
                 audit.trained_twice.append(position)
             elif reasons.get((actor_id, position)):
-                audit.dropped[reasons[(actor_id, position)].most_common(1)[0][0]] += 1
+                audit.dropped[_main_reason(reasons[(actor_id, position)])] += 1
             elif last_attempt in attempts:
                 audit.in_flight_at_end.append(position)
             elif position > reached:
@@ -179,8 +220,8 @@ def handed_out_again(run_dir: Path, checkpoint: Path | None) -> int:
     return again
 
 
-def audit_run(run_dir: Path, ranks: int) -> PromptAudit:
-    """Read ``run_dir``'s prompt records and batch records and audit them."""
+def read_prompt_records(run_dir: Path, ranks: int) -> PromptRecords:
+    """``run_dir``'s prompt records and what its batch records say was trained."""
     prompts = run_dir / PROMPTS_DIR
     handed = {
         int(path.stem.removeprefix("actor")): _lines(path)
@@ -192,10 +233,14 @@ def audit_run(run_dir: Path, ranks: int) -> PromptAudit:
             f"{str(run_dir)!r} has no record of the prompts its actors handed out "
             f"({PROMPTS_DIR}/actor<k>.jsonl): a run from before they were kept, or one that started no actor"
         )
-    trained = trained_groups(run_dir, ranks)
-    return audit_prompts(
+    return PromptRecords(
         {k: v for k, v in handed.items() if v},
-        trained,
+        trained_groups(run_dir, ranks),
         all_drops(run_dir),
         len(step_records(run_dir)),
     )
+
+
+def audit_run(run_dir: Path, ranks: int) -> PromptAudit:
+    """Read ``run_dir``'s prompt records and batch records and audit them."""
+    return read_prompt_records(run_dir, ranks).audit()

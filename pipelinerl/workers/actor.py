@@ -651,7 +651,7 @@ class Actor:
 
     def push_finished(self, timeout_s: float) -> int:
         finished = self.engine.poll(timeout_s)
-        for sequence in finished:
+        for index, sequence in enumerate(finished):
             sample = self.pending.pop(sequence.request_id)
             sequence = self.cut_at_stop_string(sequence)
             self.tokens_generated += len(sequence.completion_token_ids)
@@ -676,6 +676,10 @@ class Actor:
             with self.idle():  # the rollout queue is full: backpressure from the trainer
                 while not self.rollouts.send(rollout, timeout_s=0.2):
                     if self.stop.is_set() or self.rebase_request is not None:
+                        # The rest was taken from the engine and is not sent: no longer in flight (a
+                        # rebase must not count their groups whole).
+                        for rest in finished[index + 1 :]:
+                            self.pending.pop(rest.request_id, None)
                         return len(finished)
         return len(finished)
 

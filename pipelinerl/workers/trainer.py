@@ -449,6 +449,7 @@ class Trainer:
                 float(np.sum(losses)),
                 [(seq.rollout_id, int(np.min(seq.token_versions, initial=trained_at))) for seq in fresh],
                 results,
+                sorted({seq.group_id for seq in fresh}),
             )
         )
         tokens = concat_records([part[0] for part in parts])
@@ -496,6 +497,8 @@ class Trainer:
             **batch_record,  # this rank's: writing the step's batch for replay, and its size
             # (rollout id, oldest version that wrote it): the tracking owner fills the rollout ledger.
             registry.ROLLOUTS: [list(entry) for part in parts for entry in part[5]],
+            # The groups trained (a group's members may sit on several ranks): the prompt ledger.
+            registry.TRAINED_GROUPS: sorted({group_id for part in parts for group_id in part[7]}),
         }
         if mismatch is not None:  # absent, not NaN, in a step without a lag-0 token (JSON has no NaN)
             record[registry.BEHAVIOUR_MISMATCH] = mismatch

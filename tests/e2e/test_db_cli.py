@@ -54,10 +54,10 @@ def test_upgrade_current_downgrade(url: str) -> None:
 
     result = run_cli("db", "upgrade", "--url", url)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "at revision 0003" in result.stdout
+    assert "at revision 0004" in result.stdout
 
     result = run_cli("db", "current", "--url", url)
-    assert result.returncode == 0 and "revision 0003 (head)" in result.stdout
+    assert result.returncode == 0 and "revision 0004 (head)" in result.stdout
 
     result = run_cli("db", "downgrade", "--url", url, "--revision", "base")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -35,10 +35,19 @@ from pipelinerl.platform.tracking.db import (
 from pipelinerl.platform.tracking.store import PlatformStore
 
 REPO = Path(__file__).parents[2]
-PLATFORM_TABLES = {"runs", "policy_versions", "step_stats", "lag_histograms", "rollout_ledger"}
+PLATFORM_TABLES = {
+    "runs",
+    "policy_versions",
+    "step_stats",
+    "lag_histograms",
+    "rollout_ledger",
+    "prompt_handouts",
+    "prompt_outcomes",
+}
 INDEXES = {
     "runs": {"ix_runs_started_at", "ix_runs_name", "ix_runs_parent_run_id"},
     "rollout_ledger": {"ix_rollout_ledger_run_id_consumed_at_version"},
+    "prompt_outcomes": {"ix_prompt_outcomes_run_id_version"},
 }
 
 
@@ -67,7 +76,7 @@ def inspect_schema(url: str) -> tuple[set[str], dict[str, set[str]]]:
 def test_upgrade_downgrade_upgrade(url: str) -> None:
     assert current_revision(url) is None
     upgrade(url)
-    assert current_revision(url) == head_revision() == "0003"
+    assert current_revision(url) == head_revision() == "0004"
     tables, indexes = inspect_schema(url)
     assert tables >= PLATFORM_TABLES | {"pipelinerl_alembic_version"}
     for table, expected in INDEXES.items():
@@ -75,21 +84,21 @@ def test_upgrade_downgrade_upgrade(url: str) -> None:
 
     upgrade(url)  # already at head: nothing to do
     # Each migration both ways (SQLite copies the table for each).
-    for before, after in (("0002", "0003"), ("0001", "0002")):
+    for before, after in (("0003", "0004"), ("0002", "0003"), ("0001", "0002")):
         downgrade(url, before)
         assert current_revision(url) == before
         upgrade(url, after)
         assert current_revision(url) == after
         downgrade(url, before)
     upgrade(url)
-    assert current_revision(url) == "0003"
+    assert current_revision(url) == "0004"
     downgrade(url, "base")
     assert current_revision(url) is None
     tables, _ = inspect_schema(url)
     assert not tables & PLATFORM_TABLES
 
     upgrade(url)
-    assert current_revision(url) == "0003"
+    assert current_revision(url) == "0004"
     assert inspect_schema(url)[0] >= PLATFORM_TABLES
 
 
@@ -192,6 +201,31 @@ def test_ledger_on_postgresql(postgres_url: str) -> None:
     with PlatformStore(postgres_url) as restarted:
         assert restarted.consumed_ids(run_id) == all_ids | {"first", "second"}
         assert restarted.record_consumed(run_id, [("second", 1, 3), ("third", 2, 3)]) == ["second"]
+
+
+def test_prompt_ledger_on_postgresql(postgres_url: str) -> None:
+    """Hand-outs and outcomes enter once each (two attempts of a group are two rows; a trained group's
+    row and a drop's pass the check constraint), and a restart cuts the outcomes, not the hand-outs."""
+    run_id = "20261125-010000-pipeline-cd34"
+    handouts = [
+        {"group_id": "a0-p0-1a", "started_at": 100.25, "actor_id": 0, "position": 0, "kept": False},
+        {"group_id": "a0-p0-1a", "started_at": 200.5, "actor_id": 0, "position": 0, "kept": True},
+    ]
+    outcomes = [
+        {"group_id": "a0-p0-1a", "version": 3, "outcome": "trained", "reason": ""},
+        {"group_id": "a0-p1-1a", "version": 2, "outcome": "dropped", "reason": "zero_variance"},
+    ]
+    with PlatformStore(postgres_url) as store:
+        store.create_run(run_id, "pipelinerl", "pipeline", {"run": {}}, datetime.now(UTC))
+        assert store.record_handouts(run_id, handouts) == 2
+        assert store.record_handouts(run_id, handouts) == 0
+        assert store.record_outcomes(run_id, outcomes) == 2
+        assert store.record_outcomes(run_id, outcomes * 2) == 0
+        store.discard_after(run_id, 2)
+        records = store.prompt_records(run_id)
+    assert [record["started_at"] for record in records.handed_out[0]] == [100.25, 200.5]
+    assert records.trained == {}
+    assert records.dropped == [{"group_id": "a0-p1-1a", "reason": "zero_variance", "policy_version": 2}]
 
 
 def run_together(actions: list[Callable[[], None]]) -> None:

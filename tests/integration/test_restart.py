@@ -168,7 +168,12 @@ def kill_trainer_while_the_actor_runs_a_checkpoint(launched: Launched, run_dir: 
         )
         version = trained_to(run_dir)
         os.kill(trainer.pid, signal.SIGSTOP)
-        time.sleep(1.0)  # an update that reached the actor is loaded and recorded by now
+        # The actor loads an update before the trainer records its step: at once, as a rule. Killed
+        # without delay, the actor still has its groups in flight (stopped longer, the trainer's queue
+        # fills, the actor stops admitting and its groups finish: nothing whole is left to keep).
+        deadline = time.monotonic() + 2.0
+        while actor_runs(run_dir) < version and time.monotonic() < deadline:
+            time.sleep(0.02)
         if trained_to(run_dir) == version and actor_runs(run_dir) == version:
             os.kill(trainer.pid, signal.SIGKILL)
             return version
@@ -385,15 +390,37 @@ def test_no_prompt_is_skipped_or_trained_twice_across_the_restarts(restarted):
 
 
 def test_the_platform_database_holds_the_surviving_versions(restarted):
-    """The surviving versions' statistics; the ledger holds exactly their rollouts."""
+    """The surviving versions' statistics; the ledger holds exactly their rollouts; the prompt ledger
+    gives the audit the run directory gives (``pipelinerl runs audit RUN_ID`` prints the same report)."""
     survivors = {r["policy_version"]: r for r in restarted.records}
-    with PlatformStore(database_url(restarted.config)) as store:
+    url = database_url(restarted.config)
+    with PlatformStore(url) as store:
         detail = store.get_run(restarted.run_id)
         ledger = store.consumed_ids(restarted.run_id)
+        prompts = store.prompt_records(restarted.run_id)
     assert [step.version for step in detail.steps] == list(range(1, MAX_STEPS + 1))
     for step in detail.steps:
         assert step.ess == pytest.approx(survivors[step.version]["rl/ess"])
     assert ledger == {rollout_id for r in restarted.records for rollout_id, _ in r["rollouts"]}
+
+    from_database, from_directory = prompts.audit(), audit_run(restarted.run_dir, ranks=1)
+    print("prompt audit from the database:", from_database)
+    assert from_database == from_directory
+    [actor] = from_database.actors
+    assert actor.skipped == [] and actor.trained_twice == [] and actor.trained_once > 0, actor
+    # A restart keeps the hand-outs: every attempt's, the kept groups re-recorded under the next one.
+    assert len({record["started_at"] for record in prompts.handed_out[0]}) == len(KILLED) + 1
+    reports = [
+        subprocess.run(
+            [sys.executable, "-m", "pipelinerl.cli", "runs", "audit", *where],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        for where in ([str(restarted.run_dir)], [restarted.run_id, "--url", url])
+    ]
+    assert [done.returncode for done in reports] == [0, 0], [done.stdout + done.stderr for done in reports]
+    assert reports[0].stdout == reports[1].stdout
 
 
 def test_mlflow_says_each_restart_and_keeps_the_surviving_attempt_last(restarted):

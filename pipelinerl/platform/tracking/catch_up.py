@@ -6,10 +6,13 @@ their ledger rows). Whoever marks such a run crashed (``pipelinerl runs list``, 
 ``catch_up``: it reads the run directory's record files (``metrics.jsonl``, ``actor<k>.jsonl``,
 ``preprocessor.jsonl``, ``eval.jsonl``) and writes, through the same ``RunTracker`` code a live run
 uses, every trainer record of a version the database lacks (its step statistics, lag histogram,
-policy version and ledger rows) and the other stages' records after the newest version it held.
-Every write is idempotent (upserts; the ledger inserts each rollout once), so two listers catching
-the same run up at once write it once. A run written before the metric renames is caught up under the
-new names (the tracker reads each trainer record through ``metric_registry.canonical_record``).
+policy version, ledger rows and the groups it trained) and the other stages' records after the newest
+version it held, and every prompt record (``prompts/``: the hand-outs and the drops; the prompt ledger
+keeps one row of each however often it is written, and a restart has already set the discarded
+versions' drops aside). Every write is idempotent (upserts; the ledgers insert each row once), so two
+listers catching the same run up at once write it once. A run written before the metric renames is
+caught up under the new names (the tracker reads each trainer record through
+``metric_registry.canonical_record``).
 
 MLflow is written when its URI is given and its run reachable; the database is written either way.
 """
@@ -23,9 +26,10 @@ from typing import Any
 
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.jsonl import JsonlTail
+from pipelinerl.platform.prompt_records import all_drops, handed_out_path
 from pipelinerl.platform.tracking.db import utcnow
 from pipelinerl.platform.tracking.liveness import HEARTBEAT_STALE_S, liveness_here
-from pipelinerl.platform.tracking.metric_registry import POLICY_VERSION, STEP
+from pipelinerl.platform.tracking.metric_registry import ACTOR_ID, POLICY_VERSION, STEP
 from pipelinerl.platform.tracking.mlflow_store import MLFLOW_STATUS, MlflowStore, artifact_root
 from pipelinerl.platform.tracking.run_tracker import RunTracker
 from pipelinerl.platform.tracking.store import PlatformStore, RunRow
@@ -62,7 +66,8 @@ def _records(path: Path) -> list[dict[str, Any]]:
 def missing_records(run_dir: Path, num_actors: int, recorded: set[int]) -> list[tuple[str, dict[str, Any]]]:
     """The run directory's records the database lacks, as ``(kind, record)`` in the order a live run
     hands them over: the trainer's versions not in ``recorded``; of the other stages, the records after
-    the newest recorded version (they carry no row of their own there, only MLflow points)."""
+    the newest recorded version (they carry no row of their own there, only MLflow points); every
+    prompt record (the prompt ledger takes each once)."""
     newest = max(recorded, default=-1)
     records: list[tuple[str, dict[str, Any]]] = []
     for actor_id in range(num_actors):
@@ -77,6 +82,10 @@ def missing_records(run_dir: Path, num_actors: int, recorded: set[int]) -> list[
     records += [
         ("eval_round", r) for r in _records(run_dir / "eval.jsonl") if int(r[POLICY_VERSION]) > newest
     ]
+    for actor_id in range(num_actors):
+        handouts = _records(handed_out_path(run_dir, actor_id))
+        records += [("handout", {**r, ACTOR_ID: actor_id}) for r in handouts]
+    records += [("dropped", r) for r in all_drops(run_dir)]
     records += [
         ("trainer", r) for r in _records(run_dir / "metrics.jsonl") if int(r[POLICY_VERSION]) not in recorded
     ]

@@ -2,8 +2,9 @@
 
 MLflow keeps a run's metrics for plotting and comparison; this database keeps what the platform
 itself must know and query: which runs exist and how they ended, each policy version, per-step
-statistics, lag histograms, and the rollout ledger that makes every rollout trained at most once
-(a restarted stage neither loses nor duplicates data).
+statistics, lag histograms, the rollout ledger that makes every rollout trained at most once
+(a restarted stage neither loses nor duplicates data), and the prompt ledger beside it: every train
+prompt handed out and what became of it, which ``pipelinerl runs audit RUN`` checks.
 
 Backends: SQLite (the embedded default, one file in the platform home) and PostgreSQL (at scale,
 ``postgresql://user@host/db`` through psycopg2). The schema is owned by Alembic (``migrations/`` at
@@ -34,6 +35,7 @@ from alembic.util import CommandError
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     Dialect,
@@ -223,6 +225,53 @@ class RolloutLedger(Base):
     )
     consumed_at_version: Mapped[int] = mapped_column(Integer, doc="trainer version that trained it")
     consumed_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class PromptHandout(Base):
+    """One train group an actor handed out (``prompts/actor<k>.jsonl``), by the attempt that did.
+
+    Never deleted, not even by a restart: a prompt handed out is a fact of the run's history. A group an
+    actor kept through a restart of the trainer role is recorded again under the new attempt (``kept``),
+    hence ``started_at`` in the key.
+    """
+
+    __tablename__ = "prompt_handouts"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    group_id: Mapped[str] = mapped_column(String(128), primary_key=True, doc="a<actor>-p<position>-<nonce>")
+    started_at: Mapped[float] = mapped_column(
+        Float, primary_key=True, doc="Unix time the attempt that handed it out started (which attempt)"
+    )
+    actor_id: Mapped[int] = mapped_column(Integer)
+    position: Mapped[int] = mapped_column(Integer, doc="the prompt's position in the actor's stream")
+    kept: Mapped[bool] = mapped_column(Boolean, doc="kept in flight through a restart of the trainer role")
+
+
+class PromptOutcome(Base):
+    """What became of a train group: trained by a step, or dropped (by the preprocessor or a trainer
+    rank) with its reason. ``version`` is the policy version the step made, or would have made: a
+    restart deletes the outcomes of the versions it discards, as it does their rollouts' ledger rows.
+
+    ``reason`` is '' for a trained group (it is part of the key, which admits no NULL): the key makes
+    every outcome one row however often its records are read, so a retried or caught-up write adds none.
+    """
+
+    __tablename__ = "prompt_outcomes"
+    __table_args__ = (
+        CheckConstraint(
+            "(outcome = 'trained' AND reason = '') OR (outcome = 'dropped' AND reason <> '')",
+            name="ck_prompt_outcomes_outcome",
+        ),
+        Index("ix_prompt_outcomes_run_id_version", "run_id", "version"),
+    )
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    group_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    outcome: Mapped[str] = mapped_column(String(16), primary_key=True, doc="trained or dropped")
+    reason: Mapped[str] = mapped_column(
+        String(64), primary_key=True, doc="why it was dropped (zero_variance, stale, ...); '' if trained"
+    )
 
 
 def utcnow() -> datetime:

@@ -59,7 +59,7 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _url(url: str | None, config_path: Path | None, overrides: list[str] | None) -> str:
+def resolve_url(url: str | None, config_path: Path | None, overrides: list[str] | None) -> str:
     """``--url`` if given, else the URL the run configuration resolves."""
     if url:
         return url
@@ -73,7 +73,7 @@ def _url(url: str | None, config_path: Path | None, overrides: list[str] | None)
 
 
 @contextlib.contextmanager
-def _store(url: str) -> Iterator[PlatformStore]:
+def open_store(url: str) -> Iterator[PlatformStore]:
     """The store at ``url`` (upgraded to head); an unusable database or unknown run ends the command."""
     from pipelinerl.platform.tracking.db import PlatformDatabaseError
     from pipelinerl.platform.tracking.store import PlatformStore
@@ -97,7 +97,7 @@ def db_upgrade(
     """Migrate the platform database up to a revision (creates the tables on a fresh database)."""
     from pipelinerl.platform.tracking.db import PlatformDatabaseError, current_revision, display_url, upgrade
 
-    resolved = _url(url, config, set_)
+    resolved = resolve_url(url, config, set_)
     try:
         upgrade(resolved, revision)
         now = current_revision(resolved)
@@ -123,7 +123,7 @@ def db_downgrade(
         downgrade,
     )
 
-    resolved = _url(url, config, set_)
+    resolved = resolve_url(url, config, set_)
     try:
         downgrade(resolved, revision)
         now = current_revision(resolved)
@@ -145,7 +145,7 @@ def db_current(url: UrlOption = None, config: ConfigOption = None, set_: SetOpti
         head_revision,
     )
 
-    resolved = _url(url, config, set_)
+    resolved = resolve_url(url, config, set_)
     try:
         now = current_revision(resolved)
         head = head_revision()
@@ -181,7 +181,7 @@ def runs_list(
     A run still marked running whose launcher is gone (its process, on this host; else its heartbeat
     silent) is marked crashed first, here and in MLflow, and both get what its run directory holds and
     they lack."""
-    with _store(_url(url, config, set_)) as store:
+    with open_store(resolve_url(url, config, set_)) as store:
         from pipelinerl.platform.tracking.catch_up import mark_crashed_and_catch_up
 
         uri = _mlflow_uri(config, set_)
@@ -244,7 +244,7 @@ def runs_show(
     set_: SetOption = None,
 ) -> None:
     """One run: its fields and summary, then its per-step statistics."""
-    with _store(_url(url, config, set_)) as store:
+    with open_store(resolve_url(url, config, set_)) as store:
         detail = store.get_run(run)
         children = store.child_runs(detail.run.id)
     row = detail.run

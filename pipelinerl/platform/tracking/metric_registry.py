@@ -120,6 +120,7 @@ def _idle_fraction_of(record: Mapping[str, Any]) -> float | None:
 # Record fields (bookkeeping, not metrics).
 STEP, POLICY_VERSION, TIME, WALL_S = "step", "policy_version", "time", "wall_s"
 TRAINED_AT_VERSION, ROLLOUTS, CHECKPOINT = "trained_at_version", "rollouts", "checkpoint"
+TRAINED_GROUPS = "trained_groups"
 ACTOR_ID, BATCH_INDEX, TRAINER_VERSION = "actor_id", "batch_index", "trainer_version"
 # The trainer, one record per optimizer step (metrics.jsonl).
 LOSS, REWARD_MEAN, CLIPPED_FRACTION = "rl/loss", "rl/reward_mean", "rl/clipped_fraction"
@@ -200,6 +201,8 @@ _STAGE_METRICS: tuple[Metric, ...] = (
            ("trainer",)),
     _field(ROLLOUTS, "trainer", "ids", "(rollout id, oldest version that wrote it) of each trained "
            "sequence: the tracker fills the rollout ledger from them", ("trainer",)),
+    _field(TRAINED_GROUPS, "trainer", "ids", "the groups the step trained a sequence of, every rank's: the "
+           "tracker fills the prompt ledger's outcomes from them", ("trainer",)),
     _field(CHECKPOINT, "trainer", "path", "the checkpoint saved after the step", ("trainer",)),
     _field(ACTOR_ID, "actor", "id", "which actor wrote the record: a label, never part of a name",
            ("actor",)),

@@ -15,8 +15,9 @@ tracker records:
   success when evaluated;
 * figures (``platform/tracking/figures.py``) every ``tracking.figures_every`` versions and at the end;
 * checkpoints as MLflow logged models carrying the policy version, samples trained and location;
-* the platform database: the run row, per-step statistics, lag histograms, policy versions, and
-  the rollout ledger (a rollout trained twice is counted in ``ledger/duplicates``).
+* the platform database: the run row, per-step statistics, lag histograms, policy versions, the
+  rollout ledger (a rollout trained twice is counted in ``ledger/duplicates``) and the prompt ledger
+  (``prompt_ledger.py``: the actors' hand-outs, the drops, and the groups each step trained).
 """
 
 from __future__ import annotations
@@ -54,9 +55,13 @@ from pipelinerl.platform.tracking.mlflow_store import (
     param_items,
     run_tags,
 )
+from pipelinerl.platform.tracking.prompt_ledger import drop_row, handout_row, trained_rows
 from pipelinerl.platform.tracking.store import PlatformStore
 
 logger = logging.getLogger("pipelinerl.tracking")
+
+# Most prompt-ledger rows one write (one transaction) takes; the rest go in the next one.
+PROMPT_ROWS_PER_WRITE = 5000
 
 # ----- the owner -----
 
@@ -94,12 +99,25 @@ def unreachable(error: BaseException) -> bool:
     return False
 
 
+@dataclass
+class PromptRows:
+    """One pending write of prompt-ledger rows (hand-outs or outcomes): records arriving in a row
+    join it until it is written, so a run's thousands of hand-outs take a few transactions."""
+
+    table: str  # "handouts" or "outcomes"
+    record: Callable[[list[dict[str, Any]]], object]  # the store's method that writes them
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self) -> None:
+        self.record(self.rows)
+
+
 class RunTracker:
     """Writes one run to MLflow and the platform database from a background thread.
 
     ``start`` (synchronous: a store that cannot be reached fails the run before any stage starts),
-    then ``trainer_records`` / ``actor_records`` / ``preprocessor_records`` / ``evaluated`` as data
-    arrives (they only enqueue), then ``finish``.
+    then ``trainer_records`` / ``actor_records`` / ``preprocessor_records`` / ``handout_records`` /
+    ``drop_records`` / ``evaluated`` as data arrives (they only enqueue), then ``finish``.
     """
 
     def __init__(
@@ -191,8 +209,9 @@ class RunTracker:
         return tracker
 
     def write(self, records: Sequence[tuple[str, dict[str, Any]]]) -> bool:
-        """Turn ``(kind, record)`` pairs (kinds: trainer, actor, preprocessor, eval_round) into rows
-        and points exactly as a live run does, and write them now; True once every store took them."""
+        """Turn ``(kind, record)`` pairs (kinds: trainer, actor, preprocessor, eval_round, handout (a
+        hand-out with its ``actor_id``), dropped) into rows and points exactly as a live run does, and
+        write them now; True once every store took them."""
         for kind, record in records:
             self._process(kind, record)
         if self.mlflow is None:
@@ -255,6 +274,16 @@ class RunTracker:
         """In-run evaluations (``eval.jsonl``): ``eval/<set>/...`` at the version each measured."""
         for record in records:
             self._queue.put(("eval_round", record))
+
+    def handout_records(self, actor_id: int, records: Sequence[dict[str, Any]]) -> None:
+        """Actor ``actor_id``'s hand-outs (``prompts/actor<k>.jsonl``): the prompt ledger."""
+        for record in records:
+            self._queue.put(("handout", {**record, registry.ACTOR_ID: actor_id}))
+
+    def drop_records(self, records: Sequence[dict[str, Any]]) -> None:
+        """Drops of groups by the preprocessor or a trainer rank (``prompts/``): the prompt ledger."""
+        for record in records:
+            self._queue.put(("dropped", record))
 
     def evaluated(self, policy_version: int, success: float, wall_s: float) -> None:
         self._queue.put(("eval", (policy_version, success, wall_s)))
@@ -357,6 +386,11 @@ class RunTracker:
                 self._points.append(
                     MetricPoint(key, value, int(payload[registry.POLICY_VERSION]), payload[registry.TIME])
                 )
+        elif kind == "handout":
+            self._prompt_row("handouts", handout_row(int(payload[registry.ACTOR_ID]), payload))
+        elif kind == "dropped":
+            if (row := drop_row(payload)) is not None:
+                self._prompt_row("outcomes", row)
         elif kind == "restart":
             self._restart(*payload)
         elif kind == "plan":
@@ -371,6 +405,16 @@ class RunTracker:
             if mlflow is not None and run_id is not None:
                 self._writes.append(lambda: mlflow.log_checkpoint(run_id, name, payload))
             self._policy_version(payload.policy_version, checkpoint_path=payload.path)
+
+    def _prompt_row(self, table: str, row: dict[str, Any]) -> None:
+        """Add a prompt-ledger row to the last write if it is a pending one of ``table``'s, else to a new
+        write: in order with the other writes, so a restart's cut deletes the drops recorded before it."""
+        last = self._writes[-1] if self._writes else None
+        if not isinstance(last, PromptRows) or last.table != table or len(last.rows) >= PROMPT_ROWS_PER_WRITE:
+            method = "record_handouts" if table == "handouts" else "record_outcomes"
+            last = PromptRows(table, lambda rows: getattr(self.store, method)(self.run_id, rows))
+            self._writes.append(last)
+        last.rows.append(row)
 
     def _actor_record(self, record: dict[str, Any]) -> None:
         """Each actor under its own names, then all actors together under the plain names, as of each
@@ -391,8 +435,12 @@ class RunTracker:
         entries = [
             (rollout_id, produced_by, version) for rollout_id, produced_by in record[registry.ROLLOUTS]
         ]
+        trained = trained_rows(version, record.get(registry.TRAINED_GROUPS, []))  # none before the field
 
         def ledger_and_step() -> None:
+            # First, and idempotent: a version the database holds has its trained groups (catch_up writes
+            # only the versions it lacks), and a failure here leaves the rollout ledger untouched.
+            self.store.record_outcomes(self.run_id, trained)
             # One ledger transaction: retried whole after an outage, so no id is counted twice.
             duplicates = self.store.record_consumed(self.run_id, entries)
             self.seen.duplicates += len(duplicates)
@@ -427,9 +475,10 @@ class RunTracker:
 
     def _restart(self, restarts: int, discarded: Discarded) -> None:
         """Cut the run's records back to the checkpoint resumed from: the database forgets the
-        discarded versions (their statistics, policy versions and ledger entries); MLflow, whose metric
-        history cannot be rewritten, gets the redone versions again at the same steps (the later point
-        of a step is the surviving one), the restart's counts and a tag saying what was discarded."""
+        discarded versions (their statistics, policy versions, ledger entries and prompt outcomes; the
+        hand-outs stay); MLflow, whose metric history cannot be rewritten, gets the redone versions
+        again at the same steps (the later point of a step is the surviving one), the restart's counts
+        and a tag saying what was discarded."""
         version = discarded.resumed_from_version
         self.seen.trainer_records = [
             r for r in self.seen.trainer_records if r[registry.POLICY_VERSION] <= version

@@ -1,4 +1,4 @@
-"""The platform database's API for the rest of the platform: runs, policy versions, steps, the ledger.
+"""The platform database's API for the rest of the platform: runs, policy versions, steps, the ledgers.
 
 One ``PlatformStore`` per process that records (the run's tracking owner) or reads (the CLI, the UI).
 Every method is one transaction and returns plain frozen dataclasses, never ORM objects, so results
@@ -6,7 +6,8 @@ can cross threads and outlive the session.
 
 Writes that a restarted stage may repeat are idempotent: ``record_step`` and ``record_policy_version``
 upsert, and ``record_consumed`` inserts each rollout into the ledger at most once and reports the
-ones it already held (the trainer must not train those again).
+ones it already held (the trainer must not train those again); the prompt ledger's writes
+(``record_handouts``, ``record_outcomes``) keep a row already held as it is.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
+from pipelinerl.platform.prompt_records import PromptRecords
 from pipelinerl.platform.tracking.db import (
     RUN_STATUSES,
     Base,
     LagHistogram,
     PlatformDatabaseError,
     PolicyVersion,
+    PromptHandout,
+    PromptOutcome,
     RolloutLedger,
     Run,
     StepStats,
@@ -38,6 +42,7 @@ from pipelinerl.platform.tracking.db import (
 )
 from pipelinerl.platform.tracking.liveness import HEARTBEAT_STALE_S, Liveness
 from pipelinerl.platform.tracking.metric_registry import stored_fields
+from pipelinerl.platform.tracking.prompt_ledger import read_prompt_records
 
 FINISHED_STATUSES = tuple(status for status in RUN_STATUSES if status != "running")
 # Rows per INSERT statement: far below SQLite's 32,766 and PostgreSQL's 65,535 bound parameters.
@@ -247,6 +252,12 @@ class PlatformStore:
             )
             return [_run_row(run, steps) for run, steps in session.execute(query).tuples()]
 
+    def find_run_id(self, run_id_or_prefix: str) -> str:
+        """The id of the run named exactly, else of the one run whose id starts with the prefix;
+        LookupError, naming the value, if none or several match."""
+        with self._transaction() as session:
+            return _resolve_run_id(session, run_id_or_prefix)
+
     def get_run(self, run_id_or_prefix: str) -> RunDetail:
         """A run by its id or a unique prefix of it; LookupError if none or several match."""
         with self._transaction() as session:
@@ -418,12 +429,13 @@ class PlatformStore:
 
     def discard_after(self, run_id: str, version: int) -> int:
         """Forget every version of ``run_id`` after ``version``: a restart resumed from the checkpoint
-        at ``version`` and the policies that held them are gone. Their step statistics, lag histograms
-        and policy versions are deleted, and their rollouts leave the ledger (the surviving policy was
-        not trained on them). Returns how many ledger entries went."""
+        at ``version`` and the policies that held them are gone. Their step statistics, lag histograms,
+        policy versions and prompt outcomes are deleted, and their rollouts leave the ledger (the
+        surviving policy was not trained on them); the prompts handed out stay. Returns how many ledger
+        entries went."""
         with self._transaction() as session:
             self._require_run(session, run_id)
-            for table in (StepStats, LagHistogram, PolicyVersion):
+            for table in (StepStats, LagHistogram, PolicyVersion, PromptOutcome):
                 session.execute(delete(table).where(table.run_id == run_id, table.version > version))
             result = session.execute(
                 delete(RolloutLedger).where(
@@ -444,6 +456,25 @@ class PlatformStore:
                 session.scalars(select(RolloutLedger.rollout_id).where(RolloutLedger.run_id == run_id))
             )
 
+    # -- the prompt ledger (prompt_ledger.py) -----------------------------------------------------
+
+    def record_handouts(self, run_id: str, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Enter hand-outs (``prompt_ledger.handout_row``), in one transaction; one the ledger already
+        holds is left as it is. Returns how many were new."""
+        return self._insert_new(run_id, PromptHandout, rows, ("group_id", "started_at"))
+
+    def record_outcomes(self, run_id: str, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Enter what became of groups (``prompt_ledger.drop_row``, ``trained_rows``), in one
+        transaction; one the ledger already holds is left as it is. Returns how many were new."""
+        return self._insert_new(run_id, PromptOutcome, rows, ("group_id", "version", "outcome", "reason"))
+
+    def prompt_records(self, run_id: str) -> PromptRecords:
+        """The prompt ledger of ``run_id`` as ``pipelinerl runs audit`` reads it (hand-outs by actor,
+        trained groups by prompt, drops, and the surviving lineage's versions)."""
+        with self._transaction() as session:
+            self._require_run(session, run_id)
+            return read_prompt_records(session, run_id)
+
     # -- helpers ----------------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -457,6 +488,22 @@ class PlatformStore:
             result = session.execute(update(Run).where(Run.id == run_id).values(**values))
             if result.rowcount == 0:  # type: ignore[attr-defined]
                 raise LookupError(f"no run {run_id!r} in the platform database")
+
+    def _insert_new(
+        self, run_id: str, entity: type[Base], rows: Iterable[Mapping[str, Any]], key: tuple[str, ...]
+    ) -> int:
+        """Insert the rows whose key (after ``run_id``) the table lacks; a key repeated in ``rows``
+        is inserted once (its first row)."""
+        unique: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for row in rows:
+            unique.setdefault(tuple(row[column] for column in key), {**row, "run_id": run_id})
+        new = 0
+        with self._transaction() as session:
+            self._require_run(session, run_id)
+            for chunk in _chunks(list(unique.values())):
+                result = session.execute(_insert(session, entity).values(chunk).on_conflict_do_nothing())
+                new += int(getattr(result, "rowcount", 0) or 0)
+        return new
 
     @staticmethod
     def _require_run(session: Session, run_id: str) -> None:
