@@ -155,6 +155,7 @@ def bare_actor(run_dir: Path, notices: Receiver) -> Actor:
     actor._last_report = (time.monotonic(), 0, 0.0)
     actor._report_lock = threading.Lock()
     actor.buckets_refused, actor.refused_version = 0, -1
+    actor.rebase_request, actor.rebasing_to = None, None  # no restart of the trainer role under way
     return actor
 
 

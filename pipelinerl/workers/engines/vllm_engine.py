@@ -114,6 +114,10 @@ class WeightGroupAddress:
     timeout_s: float = 300.0  # the backend and bucket size are the trainer's, read from the group's store
 
 
+class WeightGroupBroken(RuntimeError):
+    """A worker's receive failed in the weight group (the trainer died in the middle of a broadcast)."""
+
+
 class VLLMWorkers:
     """What ``update_weights``' ``load`` receives: the engine's workers, reached by collective RPC.
 
@@ -127,6 +131,8 @@ class VLLMWorkers:
         """Every worker receives one update whole into a pending slot and hashes every bucket
         (``vllm_extension.pipelinerl_receive``); nothing is staged before ``keep_received``."""
         answers = self._engine.rpc("pipelinerl_receive", names, shapes, dtypes)
+        if broken := [answer["broken"] for answer in answers if "broken" in answer]:
+            raise WeightGroupBroken(f"the weight group broke during the update: {broken[0]}")
         return WorkersReceipt(
             seconds=max(answer["seconds"] for answer in answers),
             digests=[[bytes.fromhex(digest) for digest in answer["digests"]] for answer in answers],

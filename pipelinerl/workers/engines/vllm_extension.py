@@ -76,7 +76,13 @@ class WeightGroupExtension:
         if self._pipelinerl_group is None:
             raise RuntimeError("this worker has not joined a weight group (pipelinerl_join_weight_group)")
         started = time.perf_counter()
-        update = self._pipelinerl_group.receive_update(shapes, dtypes)
+        try:
+            update = self._pipelinerl_group.receive_update(shapes, dtypes)
+        except RuntimeError as error:  # gloo: the trainer died in the middle of the broadcast
+            # Answered, not raised: a worker that raises fails vLLM's engine core with it, and the actor
+            # may outlive the trainer's restart (it joins the new group, pipelinerl_join_weight_group).
+            self._pipelinerl_group = None
+            return {"broken": str(error)}
         self._pipelinerl_pending = (names, update)
         return {
             "seconds": time.perf_counter() - started,
