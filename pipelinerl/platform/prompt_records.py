@@ -20,11 +20,12 @@ the steps trained, ``trainer.record_batches``).
 
 ``audit_prompts`` (pure over those records) says, per actor, for every stream position ever handed
 out: trained once in the surviving lineage, trained twice (two train groups of one prompt: an error),
-dropped (with the reasons), in flight at the end (handed out by the last attempt and not trained when
-the run ended), not reached again (handed out by an attempt that did not survive, beyond where the last
-attempt's stream got before the end), or **skipped**: handed out by an attempt that did not survive,
-below where the last attempt got, and never trained, dropped or handed out again (an error: the loss a
-resume must not cause).
+dropped (with the reasons), in flight at the end (handed out by the last attempt, or kept in an actor's
+engine through a restart of the trainer role, and not trained when the run ended), not reached again
+(handed out by an attempt that did not survive, beyond where the last attempt's stream got before the
+end: its kept groups do not count as the stream's progress), or **skipped**: handed out by an attempt
+that did not survive, below where the last attempt got, and never trained, dropped or handed out again
+(an error: the loss a resume must not cause).
 
 The platform database keeps the same records (its prompt ledger: ``prompt_handouts`` and
 ``prompt_outcomes``, written by the run's tracker), so ``PlatformStore.prompt_records`` gives the audit
@@ -184,7 +185,16 @@ def audit_prompts(
         attempts_of: dict[int, set[float]] = defaultdict(set)
         for record in records:
             attempts_of[int(record["position"])].add(float(record["started_at"]))
-        reached = max(position for position, attempts in attempts_of.items() if last_attempt in attempts)
+        # Where the last attempt's stream got: a group an actor kept through a restart of the trainer role
+        # is recorded as the last attempt's too, but may lie far beyond the stream's resumed position.
+        reached = max(
+            (
+                int(record["position"])
+                for record in records
+                if float(record["started_at"]) == last_attempt and not record.get("kept", False)
+            ),
+            default=-1,
+        )
         audit.handed_out = len(attempts_of)
         for position, attempts in sorted(attempts_of.items()):
             groups = trained.get((actor_id, position), set())

@@ -48,7 +48,8 @@ an ordinary update (older than the engine's), end the pause (``pause_for_rebase`
 Threads, and who owns what:
 
 * **main** (``run``: ``run_pipeline`` or ``run_conventional``): the generation loop. It alone submits
-  to and polls the engine, so ``engine.num_in_flight`` changes only here; it owns ``pending``, the
+  to and polls the engine, so ``engine.num_in_flight`` changes only here; it owns ``pending``,
+  ``finishing`` and ``unsent`` (a train group is sent whole, once its last member finished), the
   prompt stream (positions with their problems), ``eval_schedule``, the rollout socket, ``tokens_generated``
   and the idle clock (``idle_s``, ``idle_started``). In async mode it also loads the staged weights
   after a drain (``apply_staged``, under ``staged.lock``).
@@ -88,6 +89,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -233,7 +235,11 @@ class Actor:
         self.keys = run_keys(run_dir)  # every run authenticates its peers, on loopback too
         self.rollouts = rollout_sender(self.context, config, actor_id, self.keys)
         self.notices = self.notice_receiver()
+        # Every sequence handed to the engine and not yet sent: in the engine, finished and waiting for the
+        # rest of its train group (``finishing``), or waiting in ``unsent`` for room in the rollout queue.
         self.pending: dict[str, PendingSample] = {}
+        self.finishing: dict[str, list[Rollout]] = {}
+        self.unsent: deque[Rollout] = deque()
         self.staged = StagedWeights()
         self.weights_ready = threading.Condition()
         self.stop = StopFlag(self.weights_ready)
@@ -492,9 +498,11 @@ class Actor:
             else set()
         )
         aborted = [request_id for request_id, sample in self.pending.items() if sample.group_id not in keep]
-        self.engine.abort(aborted)
+        self.engine.abort(aborted)  # a finished one among them (unsent) is forgotten by the engine already
         for request_id in aborted:
             del self.pending[request_id]
+        self.unsent = deque(rollout for rollout in self.unsent if rollout.group_id in keep)
+        self.finishing = {group: members for group, members in self.finishing.items() if group in keep}
         # What waited in the rollout socket was for the dead preprocessor: dropped with the socket.
         self.rollouts.close()
         self.rollouts = rollout_sender(self.context, self.config, self.actor_id, self.keys)
@@ -650,38 +658,60 @@ class Actor:
                     self.engine.submit(request_id, prompt_ids, greedy=greedy)
 
     def push_finished(self, timeout_s: float) -> int:
+        """Send what the engine finished (after what an earlier call could not send); returns how many
+        sequences the engine gave. A train group goes when its last member has finished, all its members
+        together: the preprocessor can do nothing with fewer, and a group none of whose members has gone
+        is whole in this actor, which a restart of the trainer role can keep (``pause_for_rebase``)."""
+        if self.unsent and not self.send_unsent():
+            return 0
         finished = self.engine.poll(timeout_s)
-        for index, sequence in enumerate(finished):
-            sample = self.pending.pop(sequence.request_id)
-            sequence = self.cut_at_stop_string(sequence)
-            self.tokens_generated += len(sequence.completion_token_ids)
-            rollout = Rollout(
-                rollout_id=sequence.request_id,
-                run_id=self.run_id,
-                group_id=sample.group_id,
-                group_size=sample.group_size,
-                problem_id=sample.problem.problem_id,
-                split=sample.split,
-                actor_id=self.actor_id,
-                prompt_token_ids=np.asarray(sequence.prompt_token_ids, dtype=np.int32),
-                completion_token_ids=np.asarray(sequence.completion_token_ids, dtype=np.int32),
-                behaviour_logprobs=np.asarray(sequence.behaviour_logprobs, dtype=np.float32),
-                token_versions=np.asarray(sequence.token_versions, dtype=np.int32),
-                finished=sequence.finished,
-                completion_text=self.decode(sequence.completion_token_ids),
-                created_at=time.time(),
-            )
-            if self.rollouts.send(rollout, timeout_s=0):
+        for sequence in finished:
+            rollout = self.rollout_of(sequence)
+            if rollout.split != "train":
+                self.unsent.append(rollout)
                 continue
-            with self.idle():  # the rollout queue is full: backpressure from the trainer
-                while not self.rollouts.send(rollout, timeout_s=0.2):
-                    if self.stop.is_set() or self.rebase_request is not None:
-                        # The rest was taken from the engine and is not sent: no longer in flight (a
-                        # rebase must not count their groups whole).
-                        for rest in finished[index + 1 :]:
-                            self.pending.pop(rest.request_id, None)
-                        return len(finished)
+            members = self.finishing.setdefault(rollout.group_id, [])
+            members.append(rollout)
+            if len(members) == rollout.group_size:
+                self.unsent.extend(self.finishing.pop(rollout.group_id))
+        self.send_unsent()
         return len(finished)
+
+    def rollout_of(self, sequence: CompletedSequence) -> Rollout:
+        sample = self.pending[sequence.request_id]  # forgotten once sent (a rebase keeps whole groups)
+        sequence = self.cut_at_stop_string(sequence)
+        self.tokens_generated += len(sequence.completion_token_ids)
+        return Rollout(
+            rollout_id=sequence.request_id,
+            run_id=self.run_id,
+            group_id=sample.group_id,
+            group_size=sample.group_size,
+            problem_id=sample.problem.problem_id,
+            split=sample.split,
+            actor_id=self.actor_id,
+            prompt_token_ids=np.asarray(sequence.prompt_token_ids, dtype=np.int32),
+            completion_token_ids=np.asarray(sequence.completion_token_ids, dtype=np.int32),
+            behaviour_logprobs=np.asarray(sequence.behaviour_logprobs, dtype=np.float32),
+            token_versions=np.asarray(sequence.token_versions, dtype=np.int32),
+            finished=sequence.finished,
+            completion_text=self.decode(sequence.completion_token_ids),
+            created_at=time.time(),
+        )
+
+    def send_unsent(self) -> bool:
+        """Send the finished rollouts in order, waiting (idle) while the queue is full: backpressure from
+        the trainer. False when a stop or a rebase came first: the rest stays unsent, and a rebase keeps
+        the whole groups among it (none of their members went to the dead preprocessor)."""
+        while self.unsent:
+            rollout = self.unsent[0]
+            if not self.rollouts.send(rollout, timeout_s=0):
+                with self.idle():
+                    while not self.rollouts.send(rollout, timeout_s=0.2):
+                        if self.stop.is_set() or self.rebase_request is not None:
+                            return False
+            self.unsent.popleft()
+            del self.pending[rollout.rollout_id]
+        return True
 
     def run_pipeline(self) -> None:
         """Keep H in flight; pipeline mode loads weights from the receiver thread, async here."""

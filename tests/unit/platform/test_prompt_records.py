@@ -67,6 +67,27 @@ def test_what_a_discarded_attempt_handed_beyond_where_the_last_one_got_was_not_r
     assert actor.ok and actor.in_flight_at_end == [6] and actor.not_reached == [7, 8, 9]
 
 
+def test_a_group_kept_through_a_trainer_restart_does_not_count_as_the_streams_progress() -> None:
+    # The actor handed out 0..9 and outlived a restart of the trainer role from a checkpoint that had
+    # trained 0..3: it kept its group of prompt 9 (young, sampled by the checkpoint's version) and took up
+    # the stream at 4; the run ended with the stream at 6. Prompts 7 and 8 were not reached again, not
+    # skipped: the kept group at 9 is no sign that the resumed stream got there.
+    kept = {"position": 9, "group_id": train_group_id(0, 9, "1a"), "started_at": 2.0, "kept": True}
+    records = handed(list(range(10)), 1.0) + [kept] + handed([4, 5, 6], 2.0)
+    lineage = trained(*[(p, "1a") for p in range(4)], (4, "2a"), (5, "2a"), (9, "1a"))
+    [actor] = audit_prompts({0: records}, lineage, [], versions=3).actors
+    assert actor.ok, actor
+    assert actor.not_reached == [7, 8] and actor.in_flight_at_end == [6] and actor.trained_once == 7
+
+
+def test_a_kept_group_never_trained_is_in_flight_at_the_end() -> None:
+    kept = {"position": 5, "group_id": train_group_id(0, 5, "1a"), "started_at": 2.0, "kept": True}
+    records = handed(list(range(6)), 1.0) + [kept] + handed([3, 4], 2.0)
+    lineage = trained(*[(p, "1a") for p in range(3)], (3, "2a"))
+    [actor] = audit_prompts({0: records}, lineage, [], versions=2).actors
+    assert actor.ok and actor.in_flight_at_end == [4, 5] and actor.not_reached == []
+
+
 def test_drops_of_other_groups_and_strangers_are_ignored() -> None:
     records = handed([0, 1], 1.0)
     dropped = [{"group_id": "stranger-group", "reason": "incomplete_group"}, {"reason": "stale"}]
