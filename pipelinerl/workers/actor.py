@@ -43,16 +43,17 @@ When a trainer rank or the preprocessor dies and the launcher restarts only them
 thread sees the launcher's notice, the main thread pauses (keeps the whole train groups every token of
 which the resumed lineage sampled, aborts the rest, takes up the checkpoint's prompt stream, answers),
 the weights thread joins the restarted trainer's weight group, and the checkpoint's weights, loaded as
-an ordinary update (older than the engine's), end the pause (``pause_for_rebase``, ``rebase_weights``).
+an ordinary update (older than the engine's), end the pause (``pause_for_rebase``, ``rebase_weights``;
+the two threads' exchange is ``workers/rebase_handshake.py``).
 
 Threads, and who owns what:
 
 * **main** (``run``: ``run_pipeline`` or ``run_conventional``): the generation loop. It alone submits
   to and polls the engine, so ``engine.num_in_flight`` changes only here; it owns ``pending``,
-  ``finishing`` and ``unsent`` (a train group is sent whole, once its last member finished), the
-  prompt stream (positions with their problems), ``eval_schedule``, the rollout socket, ``tokens_generated``
-  and the idle clock (``idle_s``, ``idle_started``). In async mode it also loads the staged weights
-  after a drain (``apply_staged``, under ``staged.lock``).
+  the ``outbox`` with the rollout socket (``workers/outbox.py``: a train group goes whole), the prompt
+  stream (positions with their problems), ``eval_schedule``, ``tokens_generated`` and the idle clock
+  (``idle_s``, ``idle_started``). In async mode it also loads the staged weights after a drain
+  (``apply_staged``, under ``staged.lock``).
 * **weights** (``receive_weights``): the notice socket and, with transformers, the weight group. It
   stages each update (``staged``, under ``staged.lock``) and, in pipeline and conventional modes,
   loads it at once, still under ``staged.lock`` (so a newer update is never staged in the middle of
@@ -70,6 +71,8 @@ Shared between main and weights:
 * ``weights_ready`` (a condition): the main thread of a conventional run waits on it for the next
   round's weights; the weights thread notifies it after every update, and ``stop`` (``StopFlag``)
   on setting, so a stop wakes the waiter.
+* ``handshake`` (``RebaseHandshake``): the weights thread asks for a pause and waits for the main
+  thread's answer; the thread that loads the resumed lineage's weights ends the pause.
 * ``stop``: set by either thread (a ``Shutdown`` notice, a failed weights thread, the end of ``run``).
 * ``pauses_s``, ``_last_report`` and the ``actor<k>.jsonl`` writer: written by ``loaded`` and
   ``report``, on the thread that loads (one per mode); ``pauses_s`` is read by the main thread
@@ -89,7 +92,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -100,13 +102,13 @@ import torch
 import zmq
 from transformers import AutoTokenizer
 
-from pipelinerl.platform.checkpoint import prompt_position, read_trained, starting_version, train_group_id
+from pipelinerl.platform.checkpoint import prompt_position, starting_version, train_group_id
 from pipelinerl.platform.config import PipelineConfig
 from pipelinerl.platform.dtypes import policy_dtype_name
 from pipelinerl.platform.jsonl import JsonlWriter
 from pipelinerl.platform.numbering import actor_sender
 from pipelinerl.platform.prompt_records import handed_out_path
-from pipelinerl.platform.rebase import Rebase, RebaseAnswer, kept_groups, read_rebase, write_answer
+from pipelinerl.platform.rebase import Rebase, RebaseAnswer, kept_groups, write_answer
 from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.transport import Receiver, Sender, run_keys
 from pipelinerl.platform.weights import (
@@ -137,7 +139,9 @@ from pipelinerl.workers.engines.protocol import (
     WorkersEngine,
 )
 from pipelinerl.workers.evaluation import EvalSchedule, eval_group_id
-from pipelinerl.workers.prompt_stream import actor_prompts
+from pipelinerl.workers.outbox import Outbox
+from pipelinerl.workers.prompt_stream import actor_prompts, stream_after_rebase
+from pipelinerl.workers.rebase_handshake import RebaseHandshake
 from pipelinerl.workers.staged_weights import StagedWeights
 from pipelinerl.workers.stop_flag import StopFlag
 from pipelinerl.workers.update_phases import update_phases
@@ -233,13 +237,9 @@ class Actor:
         self.context = zmq.Context()
         self.run_dir = run_dir
         self.keys = run_keys(run_dir)  # every run authenticates its peers, on loopback too
-        self.rollouts = rollout_sender(self.context, config, actor_id, self.keys)
+        self.outbox = Outbox(lambda: rollout_sender(self.context, config, actor_id, self.keys))
         self.notices = self.notice_receiver()
-        # Every sequence handed to the engine and not yet sent: in the engine, finished and waiting for the
-        # rest of its train group (``finishing``), or waiting in ``unsent`` for room in the rollout queue.
-        self.pending: dict[str, PendingSample] = {}
-        self.finishing: dict[str, list[Rollout]] = {}
-        self.unsent: deque[Rollout] = deque()
+        self.pending: dict[str, PendingSample] = {}  # every sequence in the engine
         self.staged = StagedWeights()
         self.weights_ready = threading.Condition()
         self.stop = StopFlag(self.weights_ready)
@@ -257,15 +257,8 @@ class Actor:
         self.buckets_refused = 0  # weight buckets whose bytes did not match the trainer's digest
         self.next_notice: Message | None = None  # came while the weights thread waited for digests
         self.refused_version = -1  # the newest update refused (a conventional round does not wait for it)
-        # Outliving a restart of the trainer role (platform/rebase.py): the newest notice handled (a
-        # notice older than this process is not its business), the one the main thread is to pause for,
-        # the version whose weights end the pause, and the events between the two threads.
-        current = read_rebase(run_dir)
-        self.rebase_attempt = current.attempt if current is not None else 0
-        self.rebase_request: Rebase | None = None
-        self.rebasing_to: int | None = None
-        self.rebase_paused = threading.Event()
-        self.rebased = threading.Event()
+        # Outliving a restart of the trainer role (platform/rebase.py), between the two threads.
+        self.handshake = RebaseHandshake(run_dir, config.run.actors_survive_restart)
 
     def notice_receiver(self) -> Receiver:
         transport = self.config.transport
@@ -295,7 +288,7 @@ class Actor:
     def _receive_weights(self) -> None:
         broken: BaseException | None = None  # the weight group's failure while waiting for a rebase
         while not self.stop.is_set():
-            if (rebase := self.new_rebase()) is not None:
+            if (rebase := self.handshake.new()) is not None:
                 self.rebase_weights(rebase)
                 broken = None
                 continue
@@ -353,7 +346,7 @@ class Actor:
             self.staged.version = notice.policy_version
             self.staged.names = list(notice.parameter_names)
             self.staged.tensors = list(received.tensors())
-        if loads_on_receipt(self.config.run.mode) or notice.policy_version == self.rebasing_to:
+        if loads_on_receipt(self.config.run.mode) or self.handshake.ends_pause(notice.policy_version):
             self.apply_staged()
         with self.weights_ready:
             self.weights_ready.notify_all()
@@ -362,7 +355,7 @@ class Actor:
         with self.staged.lock:
             version = self.staged.version
             # Newer weights only, except the resumed lineage's first (older than what the engine runs).
-            if version <= self.engine.policy_version and version != self.rebasing_to:
+            if version <= self.engine.policy_version and not self.handshake.ends_pause(version):
                 return
             pause = self.engine.update_weights(version, self.staged.load_into)
             received_s = self.received_s
@@ -398,7 +391,7 @@ class Actor:
                     "weights v%d received into the engine's workers (loaded when the actor drains)",
                     notice.policy_version,
                 )
-                if notice.policy_version == self.rebasing_to:
+                if self.handshake.ends_pause(notice.policy_version):
                     self.apply_staged()
             else:
                 with self.staged.lock:
@@ -442,18 +435,9 @@ class Actor:
             1000 * pause,
             self.engine.num_in_flight,
         )
-        if self.engine.policy_version == self.rebasing_to:  # the resumed lineage's weights: go on
-            self.rebasing_to = None
-            self.rebased.set()
+        self.handshake.loaded(self.engine.policy_version)  # the resumed lineage's weights end a pause
 
     # ----- outliving a restart of the trainer role (platform/rebase.py) -----
-
-    def new_rebase(self) -> Rebase | None:
-        """The launcher's notice of a trainer-role restart this actor has not handled yet, if any."""
-        if not self.config.run.actors_survive_restart:
-            return None
-        rebase = read_rebase(self.run_dir)
-        return rebase if rebase is not None and rebase.attempt > self.rebase_attempt else None
 
     def rebase_weights(self, rebase: Rebase) -> None:
         """The weights thread's part: have the main thread pause and answer, then drop the dead
@@ -462,13 +446,8 @@ class Actor:
         logger.info(
             "the trainer role restarts (attempt %d) from version %d: pausing", rebase.attempt, rebase.version
         )
-        self.rebase_attempt = rebase.attempt
-        self.rebasing_to = rebase.version
-        self.rebase_paused.clear()
-        self.rebase_request = rebase
-        while not self.rebase_paused.wait(0.2):
-            if self.stop.is_set():
-                return
+        if not self.handshake.ask(rebase, self.stop.is_set):
+            return
         self.notices.close()
         self.notices, self.next_notice = self.notice_receiver(), None
         transport = self.config.transport
@@ -491,23 +470,25 @@ class Actor:
         ``rebase.version``'s checkpoint, answer the launcher; then, admitting nothing, let the kept
         sequences finish until the lineage's weights are loaded."""
         paused_at = time.time()
-        pending = {rid: (s.group_id, s.group_size, s.split) for rid, s in self.pending.items()}
+        in_flight = {rid: (s.group_id, s.group_size, s.split) for rid, s in self.pending.items()}
+        in_flight.update({r.rollout_id: (r.group_id, r.group_size, r.split) for r in self.outbox.held()})
         keep = (
-            kept_groups(pending, self.engine.policy_version, rebase.version)
+            kept_groups(in_flight, self.engine.policy_version, rebase.version)
             if not runs_rounds(self.config.run.mode)  # a round starts whole at the resumed version
             else set()
         )
-        aborted = [request_id for request_id, sample in self.pending.items() if sample.group_id not in keep]
-        self.engine.abort(aborted)  # a finished one among them (unsent) is forgotten by the engine already
+        aborted = [request_id for request_id, (group_id, _, _) in in_flight.items() if group_id not in keep]
+        self.engine.abort([request_id for request_id in aborted if request_id in self.pending])
         for request_id in aborted:
-            del self.pending[request_id]
-        self.unsent = deque(rollout for rollout in self.unsent if rollout.group_id in keep)
-        self.finishing = {group: members for group, members in self.finishing.items() if group in keep}
+            self.pending.pop(request_id, None)
+        self.outbox.keep_only(keep)
         # What waited in the rollout socket was for the dead preprocessor: dropped with the socket.
-        self.rollouts.close()
-        self.rollouts = rollout_sender(self.context, self.config, self.actor_id, self.keys)
+        self.outbox.reopen()
         kept_positions = {where[1] for group in keep if (where := prompt_position(group)) is not None}
-        regenerated = self.take_up_stream(rebase, kept_positions)
+        checkpoint = Path(rebase.checkpoint) if rebase.checkpoint else None
+        self.prompts, regenerated = stream_after_rebase(
+            self.config, self.problems, self.actor_id, checkpoint, kept_positions, self.furthest_position
+        )
         self.started_at = paused_at  # the resumed lineage's hand-outs; the kept groups are its own
         for group in sorted(keep):
             where = prompt_position(group)
@@ -524,7 +505,7 @@ class Actor:
             attempt=rebase.attempt,
             engine_version=self.engine.policy_version,
             kept_groups=len(keep),
-            kept_sequences=len(self.pending),
+            kept_sequences=len(self.pending) + len(self.outbox),
             aborted_sequences=len(aborted),
             regenerated_prompts=regenerated,
             paused_at=paused_at,
@@ -539,27 +520,9 @@ class Actor:
             answer.aborted_sequences,
             regenerated,
         )
-        self.rebased.clear()
-        self.rebase_request = None
-        self.rebase_paused.set()
-        while not self.rebased.is_set() and not self.stop.is_set():
+        self.handshake.answered()
+        while not self.handshake.resumed() and not self.stop.is_set():
             self.timed_push(timeout_s=0.05)  # the kept sequences finish and wait for the new preprocessor
-
-    def take_up_stream(self, rebase: Rebase, kept_positions: set[int]) -> int:
-        """Go on with the prompt stream of ``rebase``'s checkpoint (what its policy was not trained on,
-        then on from where it left the stream), leaving out the kept groups' prompts; returns how many
-        prompts this process handed out that will be handed out again."""
-        checkpoint = Path(rebase.checkpoint) if rebase.checkpoint else None
-        resumed = self.config.model_copy(
-            update={"run": self.config.run.model_copy(update={"resume_from": checkpoint})}
-        )
-        stream = actor_prompts(resumed, self.problems, self.actor_id)
-        self.prompts = ((position, problem) for position, problem in stream if position not in kept_positions)
-        trained = read_trained(checkpoint) if checkpoint is not None else None
-        start = trained.prompt_positions.get(self.actor_id, 0) if trained is not None else 0
-        again = set(trained.untrained_before(self.actor_id)) if trained is not None else set()
-        again.update(range(start, self.furthest_position + 1))
-        return len(again - kept_positions)
 
     def report(self, pause_s: float | None, phases: dict[str, float] | None = None) -> None:
         """One record per loaded update: its pause, and tokens/s and idle time since the last one. A
@@ -658,27 +621,21 @@ class Actor:
                     self.engine.submit(request_id, prompt_ids, greedy=greedy)
 
     def push_finished(self, timeout_s: float) -> int:
-        """Send what the engine finished (after what an earlier call could not send); returns how many
-        sequences the engine gave. A train group goes when its last member has finished, all its members
-        together: the preprocessor can do nothing with fewer, and a group none of whose members has gone
-        is whole in this actor, which a restart of the trainer role can keep (``pause_for_rebase``)."""
-        if self.unsent and not self.send_unsent():
+        """Send what the engine finished (``Outbox``: a train group whole), after what an earlier call
+        could not send; returns how many sequences the engine gave."""
+        if not self.outbox.flush(self.gives_up_sending, self.idle):
             return 0
         finished = self.engine.poll(timeout_s)
         for sequence in finished:
-            rollout = self.rollout_of(sequence)
-            if rollout.split != "train":
-                self.unsent.append(rollout)
-                continue
-            members = self.finishing.setdefault(rollout.group_id, [])
-            members.append(rollout)
-            if len(members) == rollout.group_size:
-                self.unsent.extend(self.finishing.pop(rollout.group_id))
-        self.send_unsent()
+            self.outbox.put(self.rollout_of(sequence))
+        self.outbox.flush(self.gives_up_sending, self.idle)
         return len(finished)
 
+    def gives_up_sending(self) -> bool:
+        return self.stop.is_set() or self.handshake.request is not None
+
     def rollout_of(self, sequence: CompletedSequence) -> Rollout:
-        sample = self.pending[sequence.request_id]  # forgotten once sent (a rebase keeps whole groups)
+        sample = self.pending.pop(sequence.request_id)
         sequence = self.cut_at_stop_string(sequence)
         self.tokens_generated += len(sequence.completion_token_ids)
         return Rollout(
@@ -698,26 +655,11 @@ class Actor:
             created_at=time.time(),
         )
 
-    def send_unsent(self) -> bool:
-        """Send the finished rollouts in order, waiting (idle) while the queue is full: backpressure from
-        the trainer. False when a stop or a rebase came first: the rest stays unsent, and a rebase keeps
-        the whole groups among it (none of their members went to the dead preprocessor)."""
-        while self.unsent:
-            rollout = self.unsent[0]
-            if not self.rollouts.send(rollout, timeout_s=0):
-                with self.idle():
-                    while not self.rollouts.send(rollout, timeout_s=0.2):
-                        if self.stop.is_set() or self.rebase_request is not None:
-                            return False
-            self.unsent.popleft()
-            del self.pending[rollout.rollout_id]
-        return True
-
     def run_pipeline(self) -> None:
         """Keep H in flight; pipeline mode loads weights from the receiver thread, async here."""
         admission = continuous_admission(self.config)
         while not self.stop.is_set():
-            if (rebase := self.rebase_request) is not None:
+            if (rebase := self.handshake.request) is not None:
                 self.pause_for_rebase(rebase)
                 admission = continuous_admission(self.config)
                 continue
@@ -740,13 +682,13 @@ class Actor:
     def run_conventional(self) -> None:
         """Rounds: G·B samples with frozen weights, then wait for the weights after G trainer steps."""
         while not self.stop.is_set():
-            if (rebase := self.rebase_request) is not None:
+            if (rebase := self.handshake.request) is not None:
                 self.pause_for_rebase(rebase)  # the round is given up: the next starts at the lineage's
                 continue
             this_round = conventional_round(self.config, start_version=self.engine.policy_version)
             self.submit_eval_if_due()  # with the round's frozen weights
             while this_round.generating(self.engine.num_in_flight, self.stop.is_set()):
-                if self.rebase_request is not None:
+                if self.handshake.request is not None:
                     break
                 for _ in range(this_round.groups_to_admit(self.engine.num_in_flight)):
                     self.submit_group()
@@ -758,7 +700,7 @@ class Actor:
         """Block until the engine runs ``version``, that version's update was refused (the round goes
         on with the weights the actor has), or the run stops."""
         with self.idle(), self.weights_ready:
-            while self.rebase_request is None and not wait_over(
+            while self.handshake.request is None and not wait_over(
                 max(self.engine.policy_version, self.refused_version), version, self.stop.is_set()
             ):
                 self.weights_ready.wait(timeout=0.5)  # a rebase is asked for without a notify
@@ -775,7 +717,7 @@ class Actor:
             self.stop.set()
             receiver.join(timeout=5)
             self.engine.close()
-            self.rollouts.close()
+            self.outbox.close()
             self.notices.close()
             self.metrics.close()
             pauses = np.array(self.pauses_s or [0.0]) * 1000

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 
@@ -71,3 +72,27 @@ def actor_prompts(
             len(again),
         )
     return resumed_stream(problems, config.run.seed, actor_id, config.actor.num_actors, start, again)
+
+
+def stream_after_rebase(
+    config: PipelineConfig,
+    problems: list[Problem],
+    actor_id: int,
+    checkpoint: Path | None,
+    kept: set[int],
+    furthest: int,
+) -> tuple[Iterator[tuple[int, Problem]], int]:
+    """An actor that outlives a restart of the trainer role from ``checkpoint`` (None: from the start)
+    goes on with that checkpoint's stream (``actor_prompts``), leaving out the positions of the groups
+    it ``kept`` in its engine. Also returns how many of the positions it handed out (up to ``furthest``)
+    it will hand out again: ``restart/regenerated``."""
+    resumed = config.model_copy(update={"run": config.run.model_copy(update={"resume_from": checkpoint})})
+    stream = (
+        (position, problem)
+        for position, problem in actor_prompts(resumed, problems, actor_id)
+        if position not in kept
+    )
+    trained = read_trained(checkpoint) if checkpoint is not None else TrainedSoFar()
+    again = set(trained.untrained_before(actor_id))
+    again.update(range(trained.prompt_positions.get(actor_id, 0), furthest + 1))
+    return stream, len(again - kept)

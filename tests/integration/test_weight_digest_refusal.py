@@ -27,6 +27,7 @@ from pipelinerl.platform.weights import BucketsRefused, ReceivedUpdate, WeightGr
 from pipelinerl.platform.wire import WeightDigests, WeightUpdate
 from pipelinerl.workers.actor import Actor
 from pipelinerl.workers.checked_receive import announced_digests
+from pipelinerl.workers.rebase_handshake import RebaseHandshake
 from pipelinerl.workers.staged_weights import StagedWeights
 from tests.conftest import worker_port
 from tests.integration.test_weight_group import BUCKET_BYTES, InjectingGroup, digested_update
@@ -155,7 +156,7 @@ def bare_actor(run_dir: Path, notices: Receiver) -> Actor:
     actor._last_report = (time.monotonic(), 0, 0.0)
     actor._report_lock = threading.Lock()
     actor.buckets_refused, actor.refused_version = 0, -1
-    actor.rebase_request, actor.rebasing_to = None, None  # no restart of the trainer role under way
+    actor.handshake = RebaseHandshake(run_dir, enabled=False)  # no restart of the trainer role under way
     return actor
 
 
