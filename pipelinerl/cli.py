@@ -304,6 +304,59 @@ def doctor(
         raise typer.Exit(1)
 
 
+@app.command()
+def resume(
+    run: Annotated[
+        str,
+        typer.Argument(help="The run's directory, or its id (or a unique prefix) in the platform database."),
+    ],
+    url: Annotated[
+        str | None,
+        typer.Option("--url", help="The platform database to find RUN in (default: the config's)."),
+    ] = None,
+) -> None:
+    """Go on with a run whose launcher stopped (killed, its machine lost) in place: same run, from its
+    newest checkpoint, the prompts its policy was not trained on handed out again."""
+    run_dir = _run_dir_of(run, url)
+    _log_to_console()
+    from pipelinerl.launch.progress import ProgressView
+    from pipelinerl.launch.resume import ResumeRefused, resume
+    from pipelinerl.platform.config import PipelineConfig
+
+    try:
+        config = PipelineConfig.model_validate_json((run_dir / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        console.print(f"[red]error:[/red] {run_dir} is not a run directory: {error}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    view = ProgressView(console, config)
+    try:
+        with _run_errors(), view:
+            result = resume(
+                run_dir, on_records=view.add_records, on_status=view.set_status, on_eval=view.add_evals
+            )
+    except ResumeRefused as refused:
+        console.print(f"[red]error:[/red] {refused}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    view.print_summary(result.summary, result.run_dir)
+
+
+def _run_dir_of(run: str, url: str | None) -> Path:
+    """RUN as a directory, else the directory the platform database holds for that run id."""
+    path = Path(run).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    from pipelinerl.platform.tracking.db_cli import open_store, resolve_url
+
+    with open_store(resolve_url(url, None, None)) as store:
+        found = store.get_run(store.find_run_id(run)).run
+    if found.run_dir is None:
+        console.print(
+            f"[red]error:[/red] the platform database holds no run directory for {run!r}", soft_wrap=True
+        )
+        raise typer.Exit(2)
+    return Path(found.run_dir)
+
+
 app.command("replay")(replay_command)
 runs_app.command("export")(export_command)
 runs_app.command("audit")(audit_command)

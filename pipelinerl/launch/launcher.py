@@ -43,6 +43,7 @@ from pipelinerl.launch.actor_env import check_actor_interpreter
 from pipelinerl.launch.hub_sources import resolve_hub_sources
 from pipelinerl.launch.run_paths import check_run_paths
 from pipelinerl.launch.run_prediction import check_plan_profile, record_prediction
+from pipelinerl.launch.run_state import read_held_out_start, write_held_out_start, write_launcher
 from pipelinerl.launch.stages import (
     SHUTDOWN_GRACE_S,
     LocalStages,
@@ -408,6 +409,8 @@ class PreparedRun:
     model_path: Path
     tracker: Any  # RunTracker | None
     start_version: int
+    attempts_before: int = 0  # restarts.jsonl's records before this launcher (a run resumed in place)
+    resume_reason: str | None = None  # a run resumed in place (launch/resume.py): why its launcher stopped
 
 
 def launch(
@@ -429,6 +432,7 @@ def launch(
     model_path = resolve_model(config)
     run_dir = (config.run.output_dir / (run_id or new_run_id(config.run.mode))).resolve()
     make_private_run_dir(run_dir)
+    write_launcher(run_dir)  # who runs it: ``pipelinerl resume`` refuses a run whose launcher lives
     status = _recording_phases(status, run_dir)  # the dashboard shows what it does before its first step
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
     start = RunStart(model_path=model_path, policy_version=starting_version(config.run.resume_from))
@@ -453,35 +457,43 @@ def launch(
         mlflow_run_id = tracker.start(model_path, started_at=time.time())
         (run_dir / "mlflow_run_id").write_text(mlflow_run_id)
     prepared = PreparedRun(config, run_dir, model_path, tracker, starting_version(config.run.resume_from))
+    sinks = Sinks([on_records] if on_records else [], tracker, on_eval=[on_eval] if on_eval else [])
+    return supervise(prepared, placement, status, sinks)
+
+
+def supervise(
+    prepared: PreparedRun, placement: PlacementFactory, status: Callable[[str], None], sinks: Sinks
+) -> RunResult:
+    """``run_prepared`` with SIGTERM stopping the run, and the tracked run closed with its outcome."""
     outcome = "failed"
     try:
         with sigterm_stops_the_run():
-            result = _run(
-                prepared,
-                placement(config, run_dir),
-                status,
-                Sinks([on_records] if on_records else [], tracker, on_eval=[on_eval] if on_eval else []),
-            )
+            result = run_prepared(prepared, placement(prepared.config, prepared.run_dir), status, sinks)
         outcome = "finished"
         return result
     except BaseException as error:  # Ctrl-C, SIGTERM, a cancelled flow run: killed, not failed
         outcome = "failed" if isinstance(error, Exception) else "killed"
         raise
     finally:
-        if tracker is not None:
-            summary_path = run_dir / "summary.json"
+        if prepared.tracker is not None:
+            summary_path = prepared.run_dir / "summary.json"
             summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-            tracker.finish(outcome, summary)
+            prepared.tracker.finish(outcome, summary)
 
 
-def _run(
+def run_prepared(
     prepared: PreparedRun, placement: Placement, status: Callable[[str], None], sinks: Sinks
 ) -> RunResult:
+    """Measure the starting policy (once: a run resumed in place has it on record), train, measure
+    the final policy and write the summary."""
     config, run_dir = prepared.config, prepared.run_dir
-    status("measuring held-out success of the starting policy")
-    eval_start = held_out_success(config, prepared.model_path)
-    if sinks.tracker is not None:
-        sinks.tracker.evaluated(prepared.start_version, eval_start, 0.0)
+    eval_start = read_held_out_start(run_dir)
+    if eval_start is None:
+        status("measuring held-out success of the starting policy")
+        eval_start = held_out_success(config, prepared.model_path)
+        write_held_out_start(run_dir, eval_start)
+        if sinks.tracker is not None:
+            sinks.tracker.evaluated(prepared.start_version, eval_start, 0.0)
     started = time.time()
     records, restarts = _train(prepared, placement, status, sinks)
     run_wall_s = time.time() - started
@@ -512,7 +524,7 @@ def _run(
             registry.S_PEAK_MEMORY_GIB: placement.peak_rss_bytes / 2**30,
             registry.S_MODEL_PATH: str(prepared.model_path),
             registry.S_START_POLICY_VERSION: prepared.start_version,
-            registry.S_RESTARTS: restarts,
+            registry.S_RESTARTS: prepared.attempts_before + restarts,
             # What each restart threw away (restarts.jsonl): versions redone, rollouts discarded and lost.
             registry.S_DISCARDED: read_restarts(run_dir),
             registry.S_PLACEMENT: config.cluster.placement,
@@ -537,6 +549,20 @@ def _train(
     tails = RecordTails(run_dir, config.actor.num_actors, config.trainer.num_processes)
     records: list[dict[str, Any]] = []
     restarts = 0
+    if prepared.resume_reason is not None:  # one more restart of the run, by a new launcher
+        config, model_path = restart_point(prepared)
+        resumed_from = starting_version(config.run.resume_from)
+        discarded = discard_after(
+            run_dir,
+            resumed_from,
+            attempt=prepared.attempts_before,
+            reason=prepared.resume_reason,
+            sequences_per_batch=config.rl.batch_size // config.trainer.num_processes,
+            checkpoint=config.run.resume_from,
+        )
+        status(f"resumed from {config.run.resume_from or 'the start'}; " + discarded.describe())
+        if sinks.tracker is not None:
+            sinks.tracker.restarted(prepared.attempts_before, discarded)
     start_all = True  # else the actors outlived a restart of the trainer role, started alone
     while True:
         if start_all:
@@ -567,14 +593,15 @@ def _train(
             if restarts >= config.run.max_restarts:
                 raise
             restarts += 1
+            attempt = prepared.attempts_before + restarts
             records.extend(tails.read(sinks))
-            config, model_path = _restart_point(prepared, config)
+            config, model_path = restart_point(prepared)
             first_line = str(failure).splitlines()[0]
             resumed_from = starting_version(config.run.resume_from)
             answers = None
             if survivors is not None:
                 status(f"{first_line}; the actors pause for a restart of the trainer role")
-                rebase = Rebase(restarts, resumed_from, str(config.run.resume_from or "") or None)
+                rebase = Rebase(attempt, resumed_from, str(config.run.resume_from or "") or None)
                 answers = _actors_paused(survivors, run_dir, rebase, config.actor.num_actors)
                 if answers is None:  # an actor died or did not answer: every stage starts again
                     placement.stop(grace_s=0)
@@ -582,7 +609,7 @@ def _train(
             discarded = discard_after(
                 prepared.run_dir,
                 resumed_from,
-                attempt=restarts,
+                attempt=attempt,
                 reason=first_line,
                 sequences_per_batch=config.rl.batch_size // config.trainer.num_processes,
                 answers=answers,
@@ -597,7 +624,7 @@ def _train(
                 + discarded.describe()
             )
             if sinks.tracker is not None:
-                sinks.tracker.restarted(restarts, discarded)
+                sinks.tracker.restarted(attempt, discarded)
             if survivors is not None and not start_all:
                 survivors.start_trainer_role(config, model_path)
         except BaseException:
@@ -652,7 +679,7 @@ def _actors_paused(
     return None
 
 
-def _restart_point(prepared: PreparedRun, config: PipelineConfig) -> tuple[PipelineConfig, Path]:
+def restart_point(prepared: PreparedRun) -> tuple[PipelineConfig, Path]:
     """The config and model every stage starts from again: the run's latest complete checkpoint,
     else where the run started. ``config.json`` is rewritten (stages read it); the first is kept."""
     run_dir = prepared.run_dir

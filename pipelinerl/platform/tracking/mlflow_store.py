@@ -240,6 +240,10 @@ class MlflowStore:
         self.client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
         return str(model.model_id)
 
+    def reopen_run(self, run_id: str) -> None:
+        """An ended run running again (a run resumed in place); its end time is set again when it ends."""
+        self.client.update_run(run_id, status="RUNNING")
+
     def end_run(self, run_id: str, status: str) -> None:
         self.client.set_terminated(run_id, status=status)
 

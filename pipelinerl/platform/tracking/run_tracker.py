@@ -185,12 +185,26 @@ class RunTracker:
             run_dir=None if self.run_dir is None else str(self.run_dir.resolve()),
             launcher=this_process(),
         )
+        self._start_threads()
+        return self.mlflow_run_id
+
+    def _start_threads(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="tracking", daemon=True)
         self._thread.start()
         # Its own thread: a flush held up by a slow or unreachable store must not silence the beats.
         self._beats = threading.Thread(target=self._beat_loop, name="tracking-heartbeat", daemon=True)
         self._beats.start()
-        return self.mlflow_run_id
+
+    def reopen(self, mlflow_run_id: str) -> None:
+        """Track a run both stores already hold, resumed in place (``pipelinerl resume``): the MLflow run
+        and the database row are running again, under this process; the records come as for a new run."""
+        config = self.config
+        self.store = PlatformStore(database_url(config))
+        self.mlflow = MlflowStore(mlflow_uri(config), artifact_root(config))
+        self.mlflow_run_id = mlflow_run_id
+        self.mlflow.reopen_run(mlflow_run_id)
+        self.store.reopen_run(self.run_id, datetime.now(UTC), this_process())
+        self._start_threads()
 
     @classmethod
     def attach(

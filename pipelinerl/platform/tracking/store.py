@@ -197,6 +197,20 @@ class PlatformStore:
             values["summary"] = dict(summary)
         self._update_run(run_id, values)
 
+    def reopen_run(self, run_id: str, at: datetime, launcher: Mapping[str, Any] | None) -> None:
+        """A run resumed in place (``pipelinerl resume``) is ``running`` again, under its new launcher;
+        its summary, if any, was of the attempt that ended."""
+        self._update_run(
+            run_id,
+            {
+                "status": "running",
+                "ended_at": None,
+                "heartbeat_at": at,
+                "summary": None,
+                "launcher": None if launcher is None else dict(launcher),
+            },
+        )
+
     def heartbeat(self, run_id: str, at: datetime) -> None:
         """The run's launcher is alive at ``at`` (only a running run's heartbeat moves)."""
         with self._transaction() as session:
