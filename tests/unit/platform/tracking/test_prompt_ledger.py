@@ -6,7 +6,6 @@ from the run directory."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +35,6 @@ from tests.unit.platform.tracking.test_store import STARTED, create
 
 RUN_ID = "20261125-010000-pipeline-cd34"
 FIRST, SECOND = 100.0, 200.0  # the two attempts' start times
-
-
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'platform.db'}"
-
-
-@pytest.fixture
-def store(url: str) -> Iterator[PlatformStore]:
-    with PlatformStore(url) as store:
-        yield store
 
 
 def group(position: int, nonce: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -21,17 +20,6 @@ from pipelinerl.platform.tracking.db import (
 from pipelinerl.platform.tracking.store import PlatformStore
 
 STARTED = datetime(2026, 11, 22, 4, 30, tzinfo=UTC)
-
-
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'platform.db'}"
-
-
-@pytest.fixture
-def store(url: str) -> Iterator[PlatformStore]:
-    with PlatformStore(url) as store:
-        yield store
 
 
 def create(store: PlatformStore, run_id: str = "20261122-043000-pipeline-ab12", **fields) -> str:
