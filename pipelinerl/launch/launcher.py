@@ -347,6 +347,16 @@ class Sinks:
     on_eval: list[Callable[[Sequence[dict[str, Any]]], None]] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)  # every in-run eval record so far
 
+    @classmethod
+    def of(
+        cls,
+        on_records: Callable[[Sequence[dict[str, Any]]], None] | None,
+        tracker: Any,
+        on_eval: Callable[[Sequence[dict[str, Any]]], None] | None,
+    ) -> Sinks:
+        """The sinks of a launch or a resume: its callbacks, where given, and its tracker."""
+        return cls([on_records] if on_records else [], tracker, on_eval=[on_eval] if on_eval else [])
+
     def trainer_records(self, records: Sequence[dict[str, Any]]) -> None:
         for callback in self.on_trainer:
             callback(list(records))
@@ -457,8 +467,7 @@ def launch(
         mlflow_run_id = tracker.start(model_path, started_at=time.time())
         (run_dir / "mlflow_run_id").write_text(mlflow_run_id)
     prepared = PreparedRun(config, run_dir, model_path, tracker, starting_version(config.run.resume_from))
-    sinks = Sinks([on_records] if on_records else [], tracker, on_eval=[on_eval] if on_eval else [])
-    return supervise(prepared, placement, status, sinks)
+    return supervise(prepared, placement, status, Sinks.of(on_records, tracker, on_eval))
 
 
 def supervise(

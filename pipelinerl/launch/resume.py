@@ -126,5 +126,4 @@ def resume(
         attempts_before=len(read_restarts(run_dir)) + 1,
         resume_reason=reason,
     )
-    sinks = Sinks([on_records] if on_records else [], tracker, on_eval=[on_eval] if on_eval else [])
-    return supervise(prepared, placement, status, sinks)
+    return supervise(prepared, placement, status, Sinks.of(on_records, tracker, on_eval))
