@@ -8,7 +8,10 @@ the shared run directory. The launcher then supervises those flow runs as it wou
 
 * the run is done when every trainer flow run has completed;
 * a role flow run that fails, crashes or is cancelled raises ``StageFailed`` with its state message
-  (which carries the stage's log tail), and ``run.max_restarts`` applies as for local stages;
+  (which carries the stage's log tail), and ``run.max_restarts`` applies as for local stages; where a
+  trainer node's flow run failed (a rank or the preprocessor) and ``run.actors_survive_restart`` is on,
+  only the trainer role's flow runs are stopped and submitted again: the actors' flow runs go on,
+  keep their engines and take the checkpoint's weights (``platform/rebase.py``);
 * a flow run no worker picks up within ``cluster.start_timeout_s`` fails the run, naming the pool;
 * a running flow run whose heartbeat (``flows/role_heartbeat.py``) is older than
   ``cluster.heartbeat_timeout_s`` has lost its host: it is marked crashed and the run fails (or
@@ -99,11 +102,15 @@ class PoolPlacement:
         self.heartbeat_timeout_s = config.cluster.heartbeat_timeout_s
         self.runs = []
         self.lost = set()
+        self._submit(config, model_path, ROLES)
+
+    def _submit(self, config: PipelineConfig, model_path: Path, roles: tuple[Role, ...]) -> None:
+        """One flow run of each of ``roles``' deployments per node, added to ``self.runs``."""
         self.next_states_at = 0.0
-        for role in ROLES:  # an earlier attempt's heartbeats would read as this attempt's, gone silent
+        for role in roles:  # an earlier attempt's heartbeats would read as this attempt's, gone silent
             for node in range(config.cluster.nodes(role)):
                 heartbeat_path(self.run_dir, role, node).unlink(missing_ok=True)
-        for role in ROLES:
+        for role in roles:
             name = config.cluster.deployment(role)
             with get_client(sync_client=True) as client:
                 try:
@@ -146,15 +153,17 @@ class PoolPlacement:
         template = client.read_work_pool(pool_name).base_job_template or {}
         return set(template.get("variables", {}).get("properties", {}))
 
-    def _states(self) -> list[tuple[RoleRun, Any]]:
-        """Every role flow run with its state (None if the API does not list it), in one request."""
-        ids = [run.flow_run_id for run in self.runs]
+    def _states(self, runs: list[RoleRun] | None = None) -> list[tuple[RoleRun, Any]]:
+        """Every role flow run (or those of ``runs``) with its state (None if the API does not list
+        it), in one request."""
+        runs = self.runs if runs is None else runs
+        ids = [run.flow_run_id for run in runs]
         with get_client(sync_client=True) as client:
             listed = client.read_flow_runs(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)), limit=len(ids)
             )
         states = {flow_run.id: flow_run.state for flow_run in listed}
-        return [(run, states.get(run.flow_run_id)) for run in self.runs]
+        return [(run, states.get(run.flow_run_id)) for run in runs]
 
     def host_of(self, run: RoleRun) -> str | None:
         """The host the role flow run last reported from (its heartbeat), if it started."""
@@ -250,13 +259,12 @@ class PoolPlacement:
                 continue
             if state.is_running() and (silent_s := self._silent_for(run)) is not None:
                 raise StageFailed(self._mark_lost(run, silent_s))
-            if state.is_failed() or state.is_crashed() or state.is_cancelled() or state.is_cancelling():
-                failure = (
-                    f"the {run.role} flow run {run.name} ({self._where(run)}) is "
-                    f"{state.name}: {state.message or '(no message)'}"
-                )
+            if _ended_badly(state):
+                failure = self._failure(run, state)
                 lost = self._lost_host_behind(run)
-                raise StageFailed(failure if lost is None else f"{lost}; with it, {failure}")
+                if lost is None:  # the role's node failed by itself: a trainer role's may restart alone
+                    raise StageFailed(failure, stage=f"{run.role}{run.node}")
+                raise StageFailed(f"{lost}; with it, {failure}")
             waiting = state.is_scheduled() or state.is_pending()
             if waiting and time.monotonic() - run.submitted_at > self.start_timeout_s:
                 raise StageFailed(
@@ -276,28 +284,66 @@ class PoolPlacement:
         """Wait up to ``grace_s`` for the role flow runs to end; ask the rest to stop through the run
         directory (``flows/role_stop.py``) and cancel those that have not started; after ``STOP_WAIT_S``
         cancel what still runs through Prefect, and wait for every one to end."""
+        self._stop_runs(self.runs, grace_s, "the run is stopping")
+
+    def _stop_runs(self, runs: list[RoleRun], grace_s: float, reason: str) -> None:
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and not self._all_final():
+        while time.monotonic() < deadline and not self._all_final(runs):
             time.sleep(1.0)
-        going = [(run, state) for run, state in self._states() if state is None or not state.is_final()]
+        going = [(run, state) for run, state in self._states(runs) if state is None or not state.is_final()]
         for run, _ in going:
-            request_stop(stop_request_path(self.run_dir, run.flow_run_id), "the run is stopping")
+            request_stop(stop_request_path(self.run_dir, run.flow_run_id), reason)
             self.log(f"asking the {run.role} flow run {run.name} to stop")
         self._cancel([run for run, state in going if state is None or not state.is_running()])
         deadline = time.monotonic() + STOP_WAIT_S
-        while going and time.monotonic() < deadline and not self._all_final():
+        while going and time.monotonic() < deadline and not self._all_final(runs):
             time.sleep(1.0)
-        self._cancel([run for run, state in self._states() if state is not None and state.is_running()])
+        self._cancel([run for run, state in self._states(runs) if state is not None and state.is_running()])
         deadline = time.monotonic() + CANCEL_WAIT_S
-        while going and time.monotonic() < deadline and not self._all_final():
+        while going and time.monotonic() < deadline and not self._all_final(runs):
             # A flow run whose host went silent will never be cancelled by its worker: mark it.
-            for run, state in self._states():
+            for run, state in self._states(runs):
                 if state is not None and not state.is_final() and (silent := self._silent_for(run)):
                     self._mark_lost(run, silent)
             time.sleep(1.0)
-        for run, state in self._states():
+        for run, state in self._states(runs):
             if state is None or not state.is_final():
                 self.log(f"the {run.role} flow run {run.name} is still {state.name if state else 'unlisted'}")
+
+    # The trainer role alone (its nodes' flow runs: the ranks and the preprocessor), while the actors'
+    # flow runs go on (``launch/stages.py``, ``RestartsTrainerRole``; ``platform/rebase.py``).
+
+    def stop_trainer_role(self) -> None:
+        trainers = [run for run in self.runs if run.role == "trainer"]
+        self._stop_runs(trainers, grace_s=0, reason="the trainer role restarts")
+
+    def start_trainer_role(self, config: PipelineConfig, model_path: Path) -> None:
+        self.runs = [run for run in self.runs if run.role != "trainer"]
+        self._submit(config, model_path, ("trainer",))
+
+    def check_actors(self) -> None:
+        """``StageFailed`` if an actor flow run has ended or lost its host (while the trainer role is
+        down); its states are read at most every ``STATES_EVERY_S``."""
+        now = time.monotonic()
+        if now < self.next_states_at:
+            return
+        self.next_states_at = now + STATES_EVERY_S
+        actors = [run for run in self.runs if run.role == "actor"]
+        try:
+            states = self._states(actors)
+        except Exception:  # an unreachable API: the actors' own answers still come through the directory
+            return
+        for run, state in states:
+            if state is None:
+                continue
+            if state.is_final() or state.is_cancelling():
+                raise StageFailed(self._failure(run, state), stage=f"{run.role}{run.node}")
+            if state.is_running() and (silent_s := self._silent_for(run)) is not None:
+                raise StageFailed(self._mark_lost(run, silent_s))
+
+    def _failure(self, run: RoleRun, state: Any) -> str:
+        message = state.message or "(no message)"
+        return f"the {run.role} flow run {run.name} ({self._where(run)}) is {state.name}: {message}"
 
     def _cancel(self, runs: list[RoleRun]) -> None:
         if not runs:
@@ -309,8 +355,8 @@ class PoolPlacement:
                 )
                 self.log(f"cancelling the {run.role} flow run {run.name}")
 
-    def _all_final(self) -> bool:
-        return all(state is not None and state.is_final() for _, state in self._states())
+    def _all_final(self, runs: list[RoleRun]) -> bool:
+        return all(state is not None and state.is_final() for _, state in self._states(runs))
 
     def describe(self) -> str:
         return ", ".join(
@@ -318,6 +364,10 @@ class PoolPlacement:
             + (f" (host {host})" if (host := self.host_of(run)) else "")
             for run in self.runs
         )
+
+
+def _ended_badly(state: Any) -> bool:
+    return bool(state.is_failed() or state.is_crashed() or state.is_cancelled() or state.is_cancelling())
 
 
 def placement_for(config: PipelineConfig, log: Any = None) -> Any:

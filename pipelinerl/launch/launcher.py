@@ -656,8 +656,8 @@ def _surviving_actors(
     config: PipelineConfig, failure: StageFailed, placement: Placement, restarts: int
 ) -> RestartsTrainerRole | None:
     """The placement, where only its trainer role restarts: a restart is left, a trainer rank or the
-    preprocessor failed, the run allows it, and the placement can restart one role (the local one; a
-    pool placement restarts every stage). None: every stage restarts, or none."""
+    preprocessor failed, the run allows it, and the placement can restart one role (the local one and
+    the pools' both can). None: every stage restarts, or none."""
     if (
         restarts < config.run.max_restarts
         and config.run.actors_survive_restart

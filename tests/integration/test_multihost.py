@@ -10,7 +10,8 @@ and its store, DeepSpeed's rendezvous, Prefect's and MLflow's HTTP, PostgreSQL.
 
 One run carries every check, one after the other, to keep the module within its few minutes of the
 suite: the run across the hosts over impaired links, a stranger and a Prefect server restart while
-it trains, then a link down for 15 s, then a host killed and the restart onto the spare.
+it trains, then a link down for 15 s, then a trainer rank killed (the trainer role restarts on its
+hosts while the actors' flow runs go on), then a host killed and the restart onto the spare.
 
 Needs root (network namespaces); skips, saying why, where they cannot be made.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -50,6 +52,7 @@ from pipelinerl.flows.netns_faults import (
 )
 from pipelinerl.flows.netns_plan import MLFLOW_PORT, PREFECT_PORT, UI_PORT, plan_cluster
 from pipelinerl.platform.config import load_config
+from pipelinerl.platform.prompt_records import audit_run
 from tests.conftest import wait_until
 
 # The run has the machine's whole runs to itself (tests/scheduling.py): beside the vLLM learning run a
@@ -66,7 +69,7 @@ IMPAIRED_DELAY_MS, IMPAIRED_LOSS = 50.0, 0.01  # on every actor link during the 
 # Long enough to go on after each fault: a link down for LINK_DOWN_S (which holds the run back) with,
 # meanwhile, a stranger's attempts and a Prefect server restart; then a host killed and a restart.
 # A step takes about half a second here (the random model): the faults, not the steps, take the time.
-STEPS = 24
+STEPS = 30
 PREFECT_DOWN_S = 5.0  # the head's Prefect server stays stopped this long mid-run
 LINK_DOWN_S = 15.0
 HEARTBEAT_TIMEOUT_S = 15  # the run's cluster.heartbeat_timeout_s
@@ -96,27 +99,33 @@ def flow_run(state: ClusterState, flow_run_id: str) -> dict[str, Any]:
     return http_json(state.plan, api(state, f"/flow_runs/{flow_run_id}"))
 
 
-def host_processes(state: ClusterState, run_dir_name: str) -> dict[str, set[str]]:
-    """Host -> the run's stages running there now (``actor0``, ``trainer1``, ``preprocessor``), from
-    the namespace each process is in."""
-    found: dict[str, set[str]] = {}
+def running_stages(state: ClusterState, run_dir_name: str) -> list[tuple[str, str, int]]:
+    """The run's stages running now, as (host, stage, pid): stage ``actor0``, ``trainer1`` (its rank),
+    ``preprocessor``; the host from the namespace its process is in."""
+    found = []
     for host in state.plan.hosts:
         for pid in namespace_pids(host.namespace):
             try:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
             except OSError:
                 continue
-            if not any(run_dir_name in arg for arg in argv):
-                continue
             module = next((a for a in argv if a.startswith("pipelinerl.workers.")), None)
-            if module is None:
+            if module is None or not any(run_dir_name in arg for arg in argv):
                 continue
             stage = module.rsplit(".", 1)[1]
             if "--actor-id" in argv:
                 stage += argv[argv.index("--actor-id") + 1]
             elif stage == "trainer":
                 stage += _rank_of(pid)
-            found.setdefault(host.name, set()).add(stage)
+            found.append((host.name, stage, pid))
+    return found
+
+
+def host_processes(state: ClusterState, run_dir_name: str) -> dict[str, set[str]]:
+    """Host -> the run's stages running there now."""
+    found: dict[str, set[str]] = {}
+    for host, stage, _ in running_stages(state, run_dir_name):
+        found.setdefault(host, set()).add(stage)
     return found
 
 
@@ -148,6 +157,7 @@ class MultiHostRun:
     roles_after_prefect_restart: list[dict[str, Any]] = field(default_factory=list)
     cut_host: str = ""  # the host of actor1, whose link went down for LINK_DOWN_S
     versions_around_cut: tuple[int, int, int] = (0, 0, 0)  # at the cut, at the restore, progress seen after
+    trainer_restart: dict[str, Any] = field(default_factory=dict)  # what the trainer rank's kill left
     killed_host: str = ""  # the host of actor0, whose every process was killed
     noticed_after_s: float = 0.0  # from the kill to the restarted attempt's actors running
     after: dict[str, set[str]] = field(default_factory=dict)  # host -> stages, after the restart
@@ -213,7 +223,7 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
         'cluster.trainer_work_queues=["trainer-0","trainer-1"]',
         "actor.num_actors=2",
         "cluster.actor_nodes=2",
-        "run.max_restarts=1",
+        "run.max_restarts=2",
         "trainer.checkpoint_every=2",
         f"cluster.heartbeat_timeout_s={HEARTBEAT_TIMEOUT_S}",
         "run.stall_timeout_s=300",
@@ -328,6 +338,11 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
     run.versions_around_cut = (at_cut, at_restore, after_cut)
     phase(f"went on after the link: versions {run.versions_around_cut}")
 
+    # trainer1 (rank 1, on trainer-1) is killed: the trainer role restarts on its hosts, the actors'
+    # flow runs go on with their engines.
+    run.trainer_restart = restart_the_trainer_role(cluster, run, still_running, left)
+    phase(f"trainer role restarted: {run.trainer_restart['summary']}")
+
     # actor0's host disappears; the run restarts with the actors on the live hosts.
     killed_at = time.monotonic()
     assert kill_host(cluster, run.killed_host), f"{run.killed_host} ran nothing"
@@ -336,7 +351,7 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
         still_running()
         now = stage_hosts(cluster, run_id)
         both = {"actor0", "actor1"} <= set(now) and run.killed_host not in now.values()
-        return now if both and (run.run_dir / "restarts.jsonl").exists() else None
+        return now if both and len(records(run.run_dir / "restarts.jsonl")) == 2 else None
 
     wait_until(restarted, left(), "the run to restart its actors on the live hosts", 0.5)
     run.noticed_after_s = time.monotonic() - killed_at
@@ -355,6 +370,50 @@ def multihost_run(cluster, random_model_dir, tmp_path_factory) -> MultiHostRun:
     summary = run.run_dir / "summary.json"
     run.summary = json.loads(summary.read_text()) if summary.exists() else {}
     return run
+
+
+def stage_pids(state: ClusterState, run_dir_name: str) -> dict[str, int]:
+    """Stage -> its process id now, on any host."""
+    return {stage: pid for _, stage, pid in running_stages(state, run_dir_name)}
+
+
+def restart_the_trainer_role(cluster: ClusterState, run: MultiHostRun, still_running, left) -> dict[str, Any]:
+    """SIGKILL trainer rank 1 on its host; wait for the restarted trainer role to train two versions past
+    the checkpoint it resumed from. What the actors' flow runs and processes were before and after."""
+    run_id = run.run_dir.name
+
+    def actor_flow_runs() -> dict[str, tuple[str, str]]:
+        return {
+            r["name"].rsplit("-", 1)[1]: (r["id"], r["state"]["type"])
+            for r in role_flow_runs(cluster, run.run_dir)
+            if r["name"].rsplit("-", 1)[1].startswith("actor")
+        }
+
+    before = {"flow_runs": actor_flow_runs(), "pids": stage_pids(cluster, run_id)}
+    killed_at, version_at_kill = time.monotonic(), last_version(run.run_dir)
+    os.kill(before["pids"]["trainer1"], signal.SIGKILL)
+
+    def trained_after_the_restart() -> int | None:
+        still_running()
+        restarts = records(run.run_dir / "restarts.jsonl")
+        if not restarts:
+            return None
+        reached = last_version(run.run_dir)
+        return reached if reached >= restarts[0]["resumed_from_version"] + 2 else None
+
+    wait_until(trained_after_the_restart, left(), "the restarted trainer role to train two versions", 0.5)
+    after = {"flow_runs": actor_flow_runs(), "pids": stage_pids(cluster, run_id)}
+    (restart,) = records(run.run_dir / "restarts.jsonl")
+    took = time.monotonic() - killed_at
+    return {
+        "before": before,
+        "after": after,
+        "restart": restart,
+        "version_at_kill": version_at_kill,
+        "seconds": took,
+        "summary": f"killed at version {version_at_kill}, resumed from {restart['resumed_from_version']}, "
+        f"kept {restart.get('kept_in_actors')} sequences, trained on {took:.0f} s after the kill",
+    }
 
 
 def records(path: Path) -> list[dict[str, Any]]:
@@ -428,13 +487,17 @@ def test_every_weight_update_reaches_both_actors(multihost_run):
         if "weights/broadcast_ms" in r
     ]
     assert published == list(range(1, STEPS + 1)), "the trainer published every version once"
-    (discarded,) = records(multihost_run.run_dir / "restarts.jsonl")
-    resumed = discarded["resumed_from_version"]
+    restarts = records(multihost_run.run_dir / "restarts.jsonl")
+    resumed = restarts[-1]["resumed_from_version"]  # every stage restarted there
+    rebased = [r["resumed_from_version"] for r in restarts if not r["actors_restarted"]]
     for actor in (0, 1):
         actor_records = records(multihost_run.run_dir / f"actor{actor}.jsonl")
         loaded = [r["policy_version"] for r in actor_records if "weights/update_pause_ms" in r]
         refused = max((r.get("actor/weight_buckets_refused", 0) for r in actor_records), default=0)
         first, second = [v for v in loaded if v <= resumed], [v for v in loaded if v > resumed]
+        for version in rebased:  # an actor that outlived the trainer role's restart loads its checkpoint's
+            if first.count(version) == 2:  # weights again (it had loaded them before)
+                first.remove(version)
         print(
             f"actor{actor}: loaded {first} before the restart (resumed from {resumed}), {refused} bucket(s) "
             "refused"
@@ -530,11 +593,46 @@ def test_a_link_down_for_15_s_holds_the_run_back_and_it_goes_on(multihost_run):
     assert at_restore <= at_cut + 1 and going_on >= at_restore + 2
 
 
+def test_a_killed_trainer_rank_restarts_the_trainer_role_alone(cluster, multihost_run):
+    """Trainer rank 1 killed on trainer-1: the launcher stops the trainer role's flow runs and submits
+    them again from the newest checkpoint; the actors' flow runs and processes are the same before and
+    after (they paused, kept their engines and took the checkpoint's weights across the link)."""
+    trainer = multihost_run.trainer_restart
+    print("trainer role restart:", trainer["summary"])
+    restart = trainer["restart"]
+    assert restart["actors_restarted"] is False, restart
+    assert "trainer" in restart["reason"], restart["reason"]
+    assert restart["resumed_from_version"] >= trainer["version_at_kill"] - 2, restart
+    before, after = trainer["before"], trainer["after"]
+    assert set(before["flow_runs"]) == {"actor0", "actor1"}, before
+    assert after["flow_runs"] == before["flow_runs"], "the actors' flow runs are the same ones, running"
+    assert all(state == "RUNNING" for _, state in after["flow_runs"].values()), after
+    assert {k: after["pids"].get(k) for k in ("actor0", "actor1")} == {
+        k: before["pids"][k] for k in ("actor0", "actor1")
+    }, "the actors' processes are the same ones"
+    assert after["pids"]["trainer1"] != before["pids"]["trainer1"], "trainer rank 1 runs again"
+    assert after["pids"]["trainer0"] != before["pids"]["trainer0"], "the whole role restarted"
+    names = [r["name"].rsplit("-", 1)[1] for r in role_flow_runs(cluster, multihost_run.run_dir)]
+    # The first attempt's two of each role, the trainer role's again, then every role on the spare.
+    assert sorted(names) == sorted(["actor0", "actor1"] * 2 + ["trainer0", "trainer1"] * 3), names
+
+
+def test_no_prompt_is_skipped_or_trained_twice_across_the_faults(multihost_run):
+    """``pipelinerl runs audit`` over the three attempts (the trainer role's restart with actors that
+    outlived it, then every role's onto the spare host)."""
+    audit = audit_run(multihost_run.run_dir, ranks=2)
+    for actor in audit.actors:
+        print("prompt audit:", actor)
+        assert actor.skipped == [] and actor.trained_twice == [], actor
+    # 16 sequences a step in groups of 4; some groups dropped for equal rewards
+    assert sum(actor.trained_once for actor in audit.actors) >= STEPS * 16 // 4 // 2
+
+
 def test_a_host_that_disappears_is_replaced_by_the_spare(cluster, multihost_run):
     killed, after_s = multihost_run.killed_host, multihost_run.noticed_after_s
     print(f"{killed} killed; the actors ran again on the other hosts {after_s:.0f} s later")
     assert multihost_run.final["state"]["type"] == "COMPLETED", multihost_run.final["state"]
-    assert multihost_run.summary["restarts"] == 1
+    assert multihost_run.summary["restarts"] == 2
     assert multihost_run.summary["final_policy_version"] == STEPS
     actor_hosts = set(ACTOR_HOSTS)
     first = {h for h in multihost_run.placement if h in actor_hosts}
@@ -562,8 +660,8 @@ def test_a_host_that_disappears_is_replaced_by_the_spare(cluster, multihost_run)
     wrongly = [r["name"] for r in lost if not r["state"]["message"].startswith(f"host {killed} lost: ")]
     assert wrongly == [], described
     assert any(r["state"]["message"].startswith(f"host {killed} lost: ") for r in lost), described
-    (discarded,) = records(multihost_run.run_dir / "restarts.jsonl")
-    print("the first attempt ended:", discarded["reason"][:400])
+    discarded = records(multihost_run.run_dir / "restarts.jsonl")[-1]
+    print("the second attempt ended:", discarded["reason"][:400])
     assert f"host {killed} lost" in discarded["reason"], discarded["reason"]
 
 
