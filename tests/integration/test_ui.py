@@ -21,10 +21,13 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from pipelinerl.launch.compare import run_comparison
 from pipelinerl.platform.config import PipelineConfig, load_config
+from pipelinerl.platform.tracking.mlflow_store import mlflow_uri
+from pipelinerl.platform.tracking.ratios import times_faster
 from pipelinerl.platform.tracking.store import PlatformStore
 from pipelinerl.ui.app import UiSettings, create_app, settings_from_config
 from pipelinerl.ui.load_benchmark import BackgroundServer
@@ -250,6 +253,33 @@ def test_the_api_on_a_real_comparison(comparison: Comparison, api: TestClient) -
     assert (dashboard["pipeline"] is None) == (terminal["pipeline"] is None)
     run = api.get(f"/api/runs/{run_id}").json()
     assert run["links"]["mlflow"].endswith(f"/runs/{run['mlflow_run_id']}?workflowType=machine_learning")
+
+
+def test_the_comparison_ranks_each_run_against_conventional_under_one_mlflow_parent(
+    comparison: Comparison,
+) -> None:
+    """``compare``: the two runs as child MLflow runs under one parent, each run's ratio against the
+    conventional run (its time to the target ÷ the run's) and the table's figures from the runs."""
+    result = comparison.result()
+    assert [row.label for row in result.rows] == ["pipeline", "conventional-G2"]
+    pipeline, conventional = result.rows
+    # One ratio, one direction: each run against the conventional run, its time ÷ the run's.
+    assert conventional.times_faster_than == {"conventional-G2": 1.0}
+    expected = times_faster(run_s=pipeline.time_to_target_s, baseline_s=conventional.time_to_target_s)
+    assert pipeline.times_faster_than == {"conventional-G2": expected}
+    assert conventional.ess_mean == result.results["conventional-G2"].summary["ess_mean"]
+    assert conventional.lag_max <= 1
+
+    client = MlflowClient(tracking_uri=mlflow_uri(comparison.config))
+    parent = client.get_run(result.mlflow_run_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["kind"] == "compare"
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{result.mlflow_run_id}'"
+    )
+    assert sorted(child.data.tags["mode"] for child in children) == ["conventional", "pipeline"]
+    # Named by what they are, so MLflow's chart view tells them apart.
+    assert sorted(child.info.run_name for child in children) == ["conventional-G2", "pipeline"]
+    assert all(child.info.status == "FINISHED" for child in children)
 
 
 def test_the_runs_list_shows_a_finished_run(
