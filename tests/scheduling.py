@@ -55,7 +55,6 @@ LONGEST_FILES = (  # by their measured time in a clean run (tests/ durations, 20
     "tests/integration/test_flows.py",
     "tests/integration/test_doctor.py",
     "tests/integration/test_stall.py",
-    "tests/integration/test_heartbeat.py",
     "tests/integration/test_hub_ids.py",
     "tests/integration/test_damaged_input.py",
 )

@@ -1,6 +1,6 @@
 """The ``pipelinerl`` command as a user runs it: fast help, and failures before any stage starts.
 
-Checked on other modules' runs: that the stages die with a SIGKILLed launcher (test_heartbeat's run,
+Checked on other modules' runs: that the stages die with a SIGKILLed launcher (test_resume's run,
 which kills one), and that ``pipelinerl run`` writes the run directory and reports it (test_tracking's
 run, launched with the command)."""
 

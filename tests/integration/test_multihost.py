@@ -69,7 +69,7 @@ IMPAIRED_DELAY_MS, IMPAIRED_LOSS = 50.0, 0.01  # on every actor link during the 
 # Long enough to go on after each fault: a link down for LINK_DOWN_S (which holds the run back) with,
 # meanwhile, a stranger's attempts and a Prefect server restart; then a host killed and a restart.
 # A step takes about half a second here (the random model): the faults, not the steps, take the time.
-STEPS = 30
+STEPS = 24
 PREFECT_DOWN_S = 5.0  # the head's Prefect server stays stopped this long mid-run
 LINK_DOWN_S = 15.0
 HEARTBEAT_TIMEOUT_S = 15  # the run's cluster.heartbeat_timeout_s
