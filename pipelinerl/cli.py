@@ -265,6 +265,14 @@ def doctor(
             "--record", help="With --smoke: where its record goes (docs/benchmarks/smoke-<device>.json)."
         ),
     ] = None,
+    only: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--only",
+            help="Only this section's checks (repeatable): machine, config, engines, collectives, services. "
+            "E.g. --only services after `pipelinerl up`.",
+        ),
+    ] = None,
 ) -> None:
     """Check whether this machine can run the platform: machine, engines, collectives, services.
 
@@ -273,16 +281,21 @@ def doctor(
     import json
     import time
 
-    from pipelinerl.doctor.report import Report, render, run_checks
+    from pipelinerl.doctor.report import Report, render, run_checks, sections_named
 
+    try:
+        sections = sections_named(only or [])
+    except ValueError as error:
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True)
+        raise typer.Exit(2) from None
     resolved, stack_api = _local_stack(_load(config, set_))
     origin = "the local stack, `pipelinerl up`" if stack_api else ""
     if as_json:
-        report = run_checks(resolved, stack_api, origin)
+        report = run_checks(resolved, stack_api, origin, sections)
     else:
         _log_to_console()
         with console.status("checking this machine"):
-            report = run_checks(resolved, stack_api, origin)
+            report = run_checks(resolved, stack_api, origin, sections)
     if smoke:
         from pipelinerl.doctor.machine import torch_facts
         from pipelinerl.doctor.smoke import run_smoke
@@ -295,7 +308,9 @@ def doctor(
             with console.status("smoke run: starting") as spinner:
                 on_status = _status_lines(lambda text: spinner.update(f"smoke run: {text}"))
                 result = run_smoke(resolved, gpu_names, record_path=record, on_status=on_status)
-        report = Report(report.checks + result.checks, report.elapsed_s, time.perf_counter() - start)
+        report = Report(
+            report.checks + result.checks, report.elapsed_s, time.perf_counter() - start, report.complete
+        )
     if as_json:
         print(json.dumps(report.as_dict(), indent=2))
     else:

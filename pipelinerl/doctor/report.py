@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +27,7 @@ class Report:
     checks: list[Check]
     elapsed_s: float  # the checks' own time
     smoke_s: float | None = None  # the smoke run's, when there was one
+    complete: bool = True  # every section was checked (not ``--only`` some)
 
     @property
     def ok(self) -> bool:
@@ -41,6 +42,7 @@ class Report:
             "ok": self.ok,
             "elapsed_s": round(self.elapsed_s, 2),
             "smoke_s": None if self.smoke_s is None else round(self.smoke_s, 1),
+            "complete": self.complete,
             "counts": self.counts(),
             "checks": [check.as_dict() for check in self.checks],
         }
@@ -67,73 +69,103 @@ def _settled(work: Callable[[], Any]) -> Any:
         return error
 
 
-def run_checks(config: PipelineConfig, prefect_api: str | None = None, prefect_origin: str = "") -> Report:
-    """Every check on ``config``; the ones that start processes run side by side. ``prefect_api``: a
-    Prefect API found other than by PREFECT_API_URL (``prefect_origin`` says where: the local stack)."""
+# The names ``pipelinerl doctor --only`` takes, one per section.
+SECTION_NAMES = {
+    "machine": machine.SECTION,
+    "config": config_fit.SECTION,
+    "engines": engines.SECTION,
+    "collectives": collectives.SECTION,
+    "services": services.SECTION,
+}
+
+
+def sections_named(names: Collection[str]) -> frozenset[str]:
+    """The sections ``names`` (``SECTION_NAMES``' keys, any case) stand for; none: every section.
+    ``ValueError`` naming a name that is none of them, and the valid ones."""
+    if not names:
+        return frozenset(SECTIONS)
+    unknown = [name for name in names if name.lower() not in SECTION_NAMES]
+    if unknown:
+        raise ValueError(f"unknown doctor section {unknown[0]!r}; valid sections: {', '.join(SECTION_NAMES)}")
+    return frozenset(SECTION_NAMES[name.lower()] for name in names)
+
+
+def run_checks(
+    config: PipelineConfig,
+    prefect_api: str | None = None,
+    prefect_origin: str = "",
+    sections: Collection[str] = SECTIONS,
+) -> Report:
+    """The checks of ``sections`` (every one by default) on ``config``; the ones that start processes
+    run side by side, and a section left out costs nothing. ``prefect_api``: a Prefect API found other
+    than by PREFECT_API_URL (``prefect_origin`` says where: the local stack)."""
     start = time.perf_counter()
-    services.preload()  # before the threads: two threads importing SQLAlchemy at once break its import
+    wanted = set(sections)
+    devices = bool(wanted & {machine.SECTION, config_fit.SECTION, collectives.SECTION})
+    if services.SECTION in wanted:
+        services.preload()  # before the threads: two threads importing SQLAlchemy at once break its import
+    checks: list[Check] = []
     with ThreadPoolExecutor(max_workers=8) as pool:
-        torch_future = pool.submit(machine.torch_facts)
-        smi_future = pool.submit(machine.nvidia_smi_facts)
-        deepspeed_future = pool.submit(engines.deepspeed_facts)
-        model_future = pool.submit(_settled, lambda: model_facts.model_facts(config))
-        gloo = pool.submit(_guarded(collectives.SECTION, "gloo", lambda: collectives.check_gloo(config)))
-        later: list[Future[list[Check]]] = [
-            pool.submit(
-                _guarded(engines.SECTION, "vLLM environment", lambda: engines.check_vllm_env(config))
+
+        def submit(section: str, name: str, work: Callable[[], Any]) -> list[Future[list[Check]]]:
+            return [pool.submit(_guarded(section, name, work))] if section in wanted else []
+
+        torch_future = pool.submit(machine.torch_facts) if devices else None
+        smi_future = pool.submit(machine.nvidia_smi_facts) if devices else None
+        deepspeed_future = pool.submit(engines.deepspeed_facts) if engines.SECTION in wanted else None
+        model_future = (
+            pool.submit(_settled, lambda: model_facts.model_facts(config))
+            if config_fit.SECTION in wanted
+            else None
+        )
+        later = [
+            *submit(collectives.SECTION, "gloo", lambda: collectives.check_gloo(config)),
+            *submit(engines.SECTION, "vLLM environment", lambda: engines.check_vllm_env(config)),
+            *submit(engines.SECTION, "transformers", lambda: engines.check_transformers(config)),
+            *submit(services.SECTION, "tracking store", lambda: services.check_tracking_store(config)),
+            *submit(services.SECTION, "platform database", lambda: services.check_platform_database(config)),
+            *submit(
+                services.SECTION,
+                "Prefect API",
+                lambda: services.check_prefect(config, prefect_api, prefect_origin or "PREFECT_API_URL"),
             ),
-            pool.submit(
-                _guarded(engines.SECTION, "transformers", lambda: engines.check_transformers(config))
-            ),
-            pool.submit(
-                _guarded(services.SECTION, "tracking store", lambda: services.check_tracking_store(config))
-            ),
-            pool.submit(
-                _guarded(
-                    services.SECTION, "platform database", lambda: services.check_platform_database(config)
-                )
-            ),
-            pool.submit(
-                _guarded(
-                    services.SECTION,
-                    "Prefect API",
-                    lambda: services.check_prefect(config, prefect_api, prefect_origin or "PREFECT_API_URL"),
-                )
-            ),
-            pool.submit(_guarded(services.SECTION, "transport ports", lambda: services.check_ports(config))),
+            *submit(services.SECTION, "transport ports", lambda: services.check_ports(config)),
         ]
-        torch, smi = torch_future.result(), smi_future.result()
-        gpus = len(torch.get("devices", []))
-        nccl = pool.submit(
-            _guarded(collectives.SECTION, "NCCL", lambda: collectives.check_nccl(config, gpus))
-        )
-        ipc = pool.submit(
-            _guarded(collectives.SECTION, "CUDA IPC", lambda: weight_paths.check_cuda_ipc(config, gpus))
-        )
-        checks = _guarded(
-            machine.SECTION,
-            "this machine",
-            lambda: machine.machine_checks(config, torch=torch, smi=smi or False),
-        )()
-        model = model_future.result()
-        checks += _guarded(
-            config_fit.SECTION,
-            "config",
-            lambda: config_fit.config_checks(config, model, torch, smi),
-        )()
-        deepspeed = deepspeed_future.result()
-        checks += _guarded(engines.SECTION, "DeepSpeed", lambda: engines.check_deepspeed(deepspeed))()
-        seen = config_fit.visible(torch, smi, os.environ)  # the GPUs as the launcher would hand them out
-        checks += _guarded(
-            collectives.SECTION,
-            "weight updates",
-            lambda: weight_paths.check_weight_backend(config, seen.ids, seen.torch_cuda),
-        )()
-        for future in [*later, gloo, nccl, ipc]:
+        if torch_future is not None and smi_future is not None:
+            torch, smi = torch_future.result(), smi_future.result()
+            gpus = len(torch.get("devices", []))
+            later += submit(collectives.SECTION, "NCCL", lambda: collectives.check_nccl(config, gpus))
+            later += submit(
+                collectives.SECTION, "CUDA IPC", lambda: weight_paths.check_cuda_ipc(config, gpus)
+            )
+            if machine.SECTION in wanted:
+                checks += _guarded(
+                    machine.SECTION,
+                    "this machine",
+                    lambda: machine.machine_checks(config, torch=torch, smi=smi or False),
+                )()
+            if model_future is not None:
+                model = model_future.result()
+                checks += _guarded(
+                    config_fit.SECTION,
+                    "config",
+                    lambda: config_fit.config_checks(config, model, torch, smi),
+                )()
+            if collectives.SECTION in wanted:
+                seen = config_fit.visible(torch, smi, os.environ)  # the GPUs as the launcher hands them out
+                checks += _guarded(
+                    collectives.SECTION,
+                    "weight updates",
+                    lambda: weight_paths.check_weight_backend(config, seen.ids, seen.torch_cuda),
+                )()
+        if deepspeed_future is not None:
+            deepspeed = deepspeed_future.result()
+            checks += _guarded(engines.SECTION, "DeepSpeed", lambda: engines.check_deepspeed(deepspeed))()
+        for future in later:
             checks += future.result()
     order = {section: index for index, section in enumerate(SECTIONS)}
     checks.sort(key=lambda check: order.get(check.section, len(order)))  # stable: keeps each section's order
-    return Report(checks, time.perf_counter() - start)
+    return Report(checks, time.perf_counter() - start, complete=wanted >= set(SECTIONS))
 
 
 def render(report: Report, console: Console) -> None:
@@ -154,9 +186,11 @@ def render(report: Report, console: Console) -> None:
     console.print(table)
     counts = ", ".join(f"{count} {status}" for status, count in report.counts().items() if count)
     verdict = (
-        "[green]this machine can run the platform[/green]"
-        if report.ok
-        else "[bold red]fix the FAILs[/bold red]"
+        "[bold red]fix the FAILs[/bold red]"
+        if not report.ok
+        else "[green]this machine can run the platform[/green]"
+        if report.complete
+        else "[green]no check failed[/green] (some sections only: `pipelinerl doctor` checks them all)"
     )
     smoke = "" if report.smoke_s is None else f" and a smoke run of {report.smoke_s:.0f} s"
     console.print(

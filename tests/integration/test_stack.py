@@ -327,13 +327,15 @@ def test_a_second_up_refuses(stack):
 
 def test_doctor_finds_the_local_stack_without_prefect_api_url(stack):
     """A user who ran `pipelinerl up` and set nothing: the doctor checks that stack's Prefect API, its
-    pools and their workers, and its MLflow server, as a run in that home would use them."""
+    pools and their workers, and its MLflow server, as a run in that home would use them (its services
+    alone, `--only services`: the whole doctor is test_doctor.py's)."""
     env = {
         key: value
         for key, value in os.environ.items()
         if key not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "CUDA_VISIBLE_DEVICES")
     }
-    argv = [sys.executable, "-m", "pipelinerl.cli", "doctor", "--json", "--set", f"run.home={stack.home}"]
+    argv = [sys.executable, "-m", "pipelinerl.cli", "doctor", "--json", "--only", "services"]
+    argv += ["--set", f"run.home={stack.home}"]
     argv += ["--set", f"transport.base_port={worker_port(23460)}"]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
     checks = {check["name"]: check for check in json.loads(done.stdout)["checks"]}

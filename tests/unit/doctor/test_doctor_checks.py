@@ -337,3 +337,31 @@ def test_a_check_that_raises_is_a_fail_not_a_traceback() -> None:
 
     [check] = report._guarded(services.SECTION, "transport ports", broken)()
     assert check.status == "FAIL" and "PermissionError: denied" in check.detail
+
+
+def test_sections_are_named_in_any_case_and_an_unknown_one_lists_the_valid() -> None:
+    assert report.sections_named([]) == frozenset(report.SECTIONS)
+    assert report.sections_named(["Services", "engines"]) == {services.SECTION, engines.SECTION}
+    with pytest.raises(ValueError, match="unknown doctor section 'gpus'; valid sections: machine, config"):
+        report.sections_named(["services", "gpus"])
+    bad = CliRunner().invoke(app, ["doctor", "--only", "gpus"])
+    assert bad.exit_code == 2 and "valid sections" in bad.output, bad.output
+
+
+def test_only_the_services_section_runs_only_its_checks(tmp_path: Path) -> None:
+    """``--only services``: the stores, the Prefect API and the ports, and nothing that starts a process
+    or imports an engine (a section left out costs nothing)."""
+    checked = report.run_checks(
+        config(tmp_path, f"transport.base_port={worker_port(23470)}"), sections={services.SECTION}
+    )
+    assert {check.section for check in checked.checks} == {services.SECTION}
+    assert [check.name for check in checked.checks] == [
+        "tracking store (MLflow)",
+        "platform database",
+        "Prefect API",
+        "transport ports",
+    ], [check.name for check in checked.checks]
+    assert checked.complete is False and checked.as_dict()["complete"] is False
+    console = Console(record=True, width=120)
+    report.render(checked, console)
+    assert "this machine can run the platform" not in console.export_text(), "only a part was checked"
