@@ -244,11 +244,17 @@ class PoolPlacement:
             self.api_down_since = None
         return states
 
-    def poll(self) -> bool:
+    def _states_due(self) -> bool:
+        """Whether the states may be read again (at most every ``STATES_EVERY_S``); if so, from now."""
         now = time.monotonic()
         if now < self.next_states_at:
             return False
         self.next_states_at = now + STATES_EVERY_S
+        return True
+
+    def poll(self) -> bool:
+        if not self._states_due():
+            return False
         states = self._states_through_outages()
         if states is None:
             return False
@@ -324,10 +330,8 @@ class PoolPlacement:
     def check_actors(self) -> None:
         """``StageFailed`` if an actor flow run has ended or lost its host (while the trainer role is
         down); its states are read at most every ``STATES_EVERY_S``."""
-        now = time.monotonic()
-        if now < self.next_states_at:
+        if not self._states_due():
             return
-        self.next_states_at = now + STATES_EVERY_S
         actors = [run for run in self.runs if run.role == "actor"]
         try:
             states = self._states(actors)
