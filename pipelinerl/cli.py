@@ -240,7 +240,7 @@ def warmstart(config: ConfigOption = None, set_: SetOption = None) -> None:
     """Build (or find in the cache) the embedded tiny model, warm-started on the task."""
     resolved = _load(config, set_)
     _log_to_console()
-    from pipelinerl.launch.launcher import resolve_model
+    from pipelinerl.launch.model_source import resolve_model
 
     path = resolve_model(resolved, console=console)
     console.print(f"warm-started model: {path}")

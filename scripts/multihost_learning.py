@@ -18,7 +18,7 @@ from pathlib import Path
 from pipelinerl.flows import netns_cluster
 from pipelinerl.flows.netns_cluster import head_url, http_json, run_on
 from pipelinerl.flows.netns_plan import PREFECT_PORT
-from pipelinerl.launch.launcher import resolve_model
+from pipelinerl.launch.model_source import resolve_model
 from pipelinerl.platform.config import load_config
 
 PREFIX = "plrl"

@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from pipelinerl.launch.launcher import resolve_model
+from pipelinerl.launch.model_source import resolve_model
 from pipelinerl.platform.config import load_config
 from pipelinerl.platform.model_loading import serialise_model_loading
 from pipelinerl.tasks.tokenizer import build_tokenizer

@@ -88,7 +88,7 @@ def model_path_or_default(model_path: Path | None) -> Path:
         if not (path / "config.json").is_file():
             raise fail(f"--model-path {str(path)!r} is not a Hugging Face model directory (no config.json)")
         return path
-    from pipelinerl.launch.launcher import resolve_model
+    from pipelinerl.launch.model_source import resolve_model
     from pipelinerl.platform.config import PipelineConfig
 
     return resolve_model(PipelineConfig(), console=console)

@@ -40,7 +40,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipelinerl.launch.launcher import held_out_success, launch, resolve_model
+from pipelinerl.launch.launcher import launch
+from pipelinerl.launch.model_source import held_out_success, resolve_model
 from pipelinerl.platform.checkpoint import read_info
 from pipelinerl.platform.config import PipelineConfig, with_overrides
 from pipelinerl.platform.tracking import metric_registry as registry

@@ -4,8 +4,9 @@
 
 1. pre-flight, before any process starts: every port the run needs can be bound, the tracking
    stores answer, a model or math dataset named by Hugging Face Hub id is resolved once to a local
-   snapshot (``platform/hub.py``), the model directory exists (or the embedded model is
-   warm-started, cached in the platform home);
+   snapshot (``platform/hub.py``), the model directory exists (``launch/preflight.py``); the model
+   is resolved, the embedded one warm-started and cached in the platform home
+   (``launch/model_source.py``);
 2. ``runs/<run-id>/`` gets the resolved ``config.json`` (local snapshot paths for loading, the ids,
    revisions and commits in ``model.hub_snapshot``, ``task.hub_snapshot``, ``eval.hub_snapshots``);
    the MLflow run and the platform-database row are opened (``platform/tracking/run_tracker.py``);
@@ -39,10 +40,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipelinerl.launch.actor_env import check_actor_interpreter
-from pipelinerl.launch.hub_sources import resolve_hub_sources
-from pipelinerl.launch.run_paths import check_run_paths
-from pipelinerl.launch.run_prediction import check_plan_profile, record_prediction
+from pipelinerl.launch.model_source import held_out_success, resolve_model
+from pipelinerl.launch.preflight import preflight
+from pipelinerl.launch.run_prediction import record_prediction
 from pipelinerl.launch.run_state import read_held_out_start, write_held_out_start, write_launcher
 from pipelinerl.launch.stages import (
     SHUTDOWN_GRACE_S,
@@ -55,7 +55,7 @@ from pipelinerl.launch.stages import (
 )
 from pipelinerl.launch.summary import summarize
 from pipelinerl.platform.checkpoint import RunStart, latest_checkpoint, starting_version, write_start
-from pipelinerl.platform.config import ConfigError, PipelineConfig, with_overrides
+from pipelinerl.platform.config import PipelineConfig, with_overrides
 from pipelinerl.platform.curve_keys import PRIVATE_DIR_MODE, create_curve_keys
 from pipelinerl.platform.jsonl import JsonlTail
 from pipelinerl.platform.prompt_records import dropped_prompts_path, handed_out_path, trainer_dropped_path
@@ -63,15 +63,9 @@ from pipelinerl.platform.rebase import Rebase, RebaseAnswer, clear_rebase, read_
 from pipelinerl.platform.restart_records import discard_after, read_restarts
 from pipelinerl.platform.run_phase import write_phase
 from pipelinerl.platform.tracking import metric_registry as registry
-from pipelinerl.platform.tracking.mlflow_store import CheckpointRecord, check_reachable, mlflow_uri
-from pipelinerl.platform.transport import check_bindable
-from pipelinerl.tasks import build_task
-from pipelinerl.tasks.base import reference_completion
-from pipelinerl.tasks.eval_sets import build_eval_sets
+from pipelinerl.platform.tracking.mlflow_store import CheckpointRecord
 
 POLL_S = 0.5
-# Positions of the embedded model warm-started on a task other than arithmetic (prompt + completion).
-WARM_START_POSITIONS = 512
 
 __all__ = ["Placement", "RunResult", "RunTerminated", "StageFailed", "launch", "new_run_id"]
 
@@ -111,26 +105,6 @@ def new_run_id(mode: str) -> str:
     return f"{datetime.now():%Y%m%d-%H%M%S}-{mode}-{uuid.uuid4().hex[:6]}"
 
 
-def preflight(config: PipelineConfig) -> PipelineConfig:
-    """Fail before any process starts: bad run paths, ports in use, unreachable tracking stores, a Hub
-    id that cannot be had. Returns ``config`` with its Hub ids resolved (``resolve_hub_sources``)."""
-    check_run_paths(config)  # first: the later checks read the checkpoint as the model directory
-    if config.cluster.placement == "local":  # placed on the pools, the actors' nodes have their own
-        check_actor_interpreter(config)  # interpreters, and the ports are on trainer node 0
-        check_cpus(config)
-        for address in config.transport.all_bound_addresses(config.trainer.num_processes):
-            check_bindable(address, setting="transport.base_port")
-    if config.tracking.enabled:  # an unreachable store fails now, not after the model is prepared
-        from pipelinerl.platform.tracking.db import database_url  # noqa: PLC0415 (SQLAlchemy: only for a tracked run)
-
-        check_reachable(mlflow_uri(config))
-        check_reachable(database_url(config), "platform database")
-    config = resolve_hub_sources(config)
-    check_task_and_model(config)
-    check_plan_profile(config)  # a profile that cannot be read fails now, not at the run's end
-    return config
-
-
 def _recording_phases(status: Callable[[str], None], run_dir: Path) -> Callable[[str], None]:
     """``status``, also writing each phase to the run directory (``platform/run_phase.py``)."""
 
@@ -147,137 +121,6 @@ def make_private_run_dir(run_dir: Path) -> None:
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     run_dir.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=False)
     os.chmod(run_dir, PRIVATE_DIR_MODE)  # mkdir's mode passes through the umask; this does not
-
-
-def check_cpus(config: PipelineConfig) -> None:
-    """The cores actor and trainer are pinned to exist for this process."""
-    available = os.sched_getaffinity(0)
-    for setting, cpus in (("actor.cpus", config.actor.cpus), ("trainer.cpus", config.trainer.cpus)):
-        if missing := sorted(set(cpus) - available):
-            raise ConfigError(
-                f"{setting}={cpus}: core(s) {missing} are not available here; valid: {sorted(available)}"
-            )
-
-
-def resolve_model(config: PipelineConfig, console: Any = None) -> Path:
-    if config.run.resume_from is not None:
-        return config.run.resume_from  # checked by preflight: a checkpoint is a model directory
-    if config.model.is_hub_id():  # launch resolved it in preflight; other callers resolve it here
-        return resolve_hub_sources(config).model.path or Path()
-    if config.model.path is not None:
-        return config.model.path
-    from pipelinerl.launch.warmstart import ensure_warm_start  # noqa: PLC0415 (torch/transformers: after preflight)
-
-    cache_dir = config.run.home.expanduser() / "warmstart"
-    # The arithmetic warm start keeps the settings its cache was made with; another task's is built for
-    # longer sequences and reports its success on completions as long as the actor's.
-    longer = (
-        {}
-        if config.task.name == "arithmetic"
-        else {"max_positions": WARM_START_POSITIONS, "max_new_tokens": config.actor.max_new_tokens}
-    )
-    return ensure_warm_start(
-        cache_dir,
-        task_name=config.task.name,
-        task_options=dict(config.task.options),
-        seed=config.run.seed,
-        max_steps=config.model.warmstart_max_steps,
-        console=console,
-        **longer,
-    )
-
-
-def held_out_success(config: PipelineConfig, model_path: Path) -> float:
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415 (torch/transformers: after preflight)
-
-    from pipelinerl.launch.warmstart import evaluate_success  # noqa: PLC0415 (torch/transformers: after preflight)
-    from pipelinerl.platform.dtypes import policy_dtype  # noqa: PLC0415 (torch/transformers: after preflight)
-    from pipelinerl.platform.model_loading import serialise_model_loading  # noqa: PLC0415 (transformers)
-    from pipelinerl.tasks.prompting import eos_token_ids, prompt_format  # noqa: PLC0415 (torch/transformers: after preflight)
-
-    serialise_model_loading()  # runs may share this process: one load at a time
-    task = build_task(config.task)
-    problems = task.problems("eval", config.task.eval_problems, config.run.seed)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=policy_dtype(config.model.dtype)).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    return evaluate_success(
-        model,
-        tokenizer,
-        task,
-        problems,
-        max_new_tokens=config.actor.max_new_tokens,
-        prompt=prompt_format(tokenizer, config.model.chat_template, config.model.system_prompt),
-        eos_ids=eos_token_ids(tokenizer, model_path),
-    )
-
-
-# Files of which a Hugging Face model directory holds at least one when it has a tokenizer.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
-
-
-def check_task_and_model(config: PipelineConfig) -> None:
-    """The task builds (its data is there, its options are right) and the model directory has what the
-    prompts need: a tokenizer, an end-of-sequence token, the chat template asked for."""
-    task = build_task(config.task)  # TaskError names the file, field or option
-    if not task.problems("train", 1, config.run.seed):
-        raise ConfigError(
-            f"task {config.task.name!r} has no train problems (task.options={config.task.options})"
-        )
-    if not task.problems("eval", 1, config.run.seed):
-        raise ConfigError(
-            f"task {config.task.name!r} has no held-out problems (task.options={config.task.options})"
-        )
-    if config.eval.every:
-        build_eval_sets(config, task)  # an eval set whose options do not build is named
-    model_path = config.run.resume_from or config.model.path
-    if model_path is None:
-        _check_embedded_model_can_learn(config, task)
-        return
-    from transformers import AutoTokenizer  # noqa: PLC0415 (torch/transformers: after preflight)
-
-    from pipelinerl.tasks.prompting import eos_token_ids, prompt_format  # noqa: PLC0415 (torch/transformers: after preflight)
-
-    # transformers builds an empty tokenizer (a vocabulary of one) for a directory without one: look first.
-    if not any((Path(model_path) / name).is_file() for name in TOKENIZER_FILES):
-        raise ConfigError(
-            f"model directory {str(model_path)!r} has no usable tokenizer: none of "
-            f"{', '.join(TOKENIZER_FILES)} is there (save it beside the model: tokenizer.save_pretrained)"
-        )
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"model directory {str(model_path)!r} has no usable tokenizer: {error}") from None
-    eos_token_ids(tokenizer, model_path)
-    prompt_format(tokenizer, config.model.chat_template, config.model.system_prompt)
-
-
-def _check_embedded_model_can_learn(config: PipelineConfig, task: Any) -> None:
-    """The embedded model is warm-started on the task's reference completions, which must exist and fit."""
-    if config.task.name == "arithmetic":
-        return
-    from pipelinerl.tasks.tokenizer import build_tokenizer, encode_completion, encode_prompt  # noqa: PLC0415 (torch/transformers: after preflight)
-
-    tokenizer = build_tokenizer()
-    longest = 0
-    for problem in task.problems("train", 64, config.run.seed):
-        try:
-            completion = reference_completion(task, problem)
-        except (AttributeError, ValueError) as error:
-            raise ConfigError(
-                f"task {config.task.name!r} cannot warm-start the embedded model ({error}); set model.path "
-                "to a local Hugging Face model directory"
-            ) from None
-        prompt_tokens = len(encode_prompt(tokenizer, problem.prompt))
-        longest = max(
-            longest,
-            prompt_tokens + max(config.actor.max_new_tokens, len(encode_completion(tokenizer, completion))),
-        )
-    if longest > WARM_START_POSITIONS:
-        raise ConfigError(
-            f"task {config.task.name!r}: a prompt and its completion take up to {longest} tokens of the "
-            f"embedded model's character tokenizer, more than its {WARM_START_POSITIONS} positions; shorten "
-            "the prompts (e.g. task.options.instruction) or actor.max_new_tokens, or set model.path"
-        )
 
 
 class RecordTails:

@@ -31,10 +31,10 @@ from pipelinerl.launch.launcher import (
     RunResult,
     Sinks,
     local_placement,
-    preflight,
-    resolve_model,
     supervise,
 )
+from pipelinerl.launch.model_source import resolve_model
+from pipelinerl.launch.preflight import preflight
 from pipelinerl.launch.run_state import read_launcher, write_launcher
 from pipelinerl.platform.checkpoint import starting_version
 from pipelinerl.platform.config import PipelineConfig

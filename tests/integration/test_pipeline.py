@@ -37,7 +37,8 @@ import zmq
 from mlflow.tracking import MlflowClient
 from transformers import AutoModelForCausalLM
 
-from pipelinerl.launch.launcher import launch, preflight
+from pipelinerl.launch.launcher import launch
+from pipelinerl.launch.preflight import preflight
 from pipelinerl.launch.stages import build_stages, stop_stages
 from pipelinerl.platform.batch_records import batch_record_path, read_batch_record
 from pipelinerl.platform.config import PipelineConfig, load_config

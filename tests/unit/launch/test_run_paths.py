@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pipelinerl.launch.launcher import preflight
+from pipelinerl.launch.preflight import preflight
 from pipelinerl.launch.run_paths import check_run_paths
 from pipelinerl.platform.checkpoint import CheckpointInfo, write_info
 from pipelinerl.platform.config import ConfigError, load_config

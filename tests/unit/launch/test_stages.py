@@ -10,7 +10,7 @@ import pytest
 
 from pipelinerl.launch import stages as stages_module
 from pipelinerl.launch.actor_env import check_actor_interpreter, vllm_release
-from pipelinerl.launch.launcher import check_cpus
+from pipelinerl.launch.preflight import check_cpus
 from pipelinerl.launch.stages import Stage, StallWatch, assignment, build_stages
 from pipelinerl.platform.config import ConfigError, load_config
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from pipelinerl.launch.hub_sources import resolve_hub_sources
-from pipelinerl.launch.launcher import preflight, resolve_model
+from pipelinerl.launch.model_source import resolve_model
+from pipelinerl.launch.preflight import preflight
 from pipelinerl.platform.config import ConfigError, load_config
 from pipelinerl.platform.hub import fetch_command, hub_id_problem, is_hub_id, resolve_snapshot
 from pipelinerl.platform.tracking.mlflow_store import run_tags
