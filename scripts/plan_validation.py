@@ -5,7 +5,13 @@ several seeds each, then predicts each configuration with a profile calibrated o
 configurations' runs only (``plan/validation.py``), and prints measured beside predicted as a markdown
 table. About a minute a run on 2 cores.
 
-    .venv/bin/python scripts/plan_validation.py /tmp/plan-validation [--steps 24]
+This machine's speed drifts by more than the tolerances over the half hour the runs take, so the runs
+go round by round (every configuration at seed 0, then every one at seed 1, ...): each configuration
+meets the same mix of the machine's moods. With ``--engine-sweeps`` the engine alone (``pipelinerl
+bench decode`` on the actor's core) is measured before the first round and after each one, and the
+decode step is read from all those sweeps together (the median at each H), not from one moment.
+
+    .venv/bin/python scripts/plan_validation.py /tmp/plan-validation [--steps 24] [--engine-sweeps]
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ CONFIGURATIONS: dict[str, list[str]] = {
 # trainer and the preprocessor on core 1 (bench/learning.py pins them the same way).
 PINNED = ["actor.cpus=[0]", "trainer.cpus=[1]"]
 PROMPT_TOKENS = 40  # the arithmetic task's prompts, in the character tokenizer's tokens (about)
+# The values of H a sweep measures: those the configurations run, and points between for the table.
+SWEEP_IN_FLIGHT = "4,8,16,24,32,40,48,56,64"
 
 
 def run_once(directory: Path, steps: int, seed: int, settings: list[str]) -> Path:
@@ -53,6 +61,16 @@ def run_once(directory: Path, steps: int, seed: int, settings: list[str]) -> Pat
         subprocess.run(command, check=True, capture_output=True, text=True)
     (run,) = [path.parent for path in directory.glob("*/summary.json")]
     return run
+
+
+def sweep_once(path: Path) -> Path:
+    """The engine alone on the actor's core over ``SWEEP_IN_FLIGHT`` (kept: a sweep already there is not
+    measured again); its record."""
+    if not path.exists():
+        command = [sys.executable, "-m", "pipelinerl.cli", "bench", "decode", "--cpus", "0"]
+        command += ["--in-flight", SWEEP_IN_FLIGHT, "--out", str(path)]
+        subprocess.run(command, check=True, capture_output=True, text=True)
+    return path
 
 
 def main() -> None:
@@ -84,20 +102,34 @@ def main() -> None:
         action="store_true",
         help="scale the decode records (the engine alone) to what the other runs' actors wrote",
     )
+    parser.add_argument(
+        "--engine-sweeps",
+        action="store_true",
+        help="measure the engine alone before the first round of runs and after each one, and read the "
+        "decode step from those sweeps (with any --engine-record)",
+    )
     args = parser.parse_args()
     contention = "none" if args.no_contention else args.contention
     seeds = [int(seed) for seed in args.seeds.split(",")]
+    engine_records: list[Path] = list(args.engine_record)
+    args.directory.mkdir(parents=True, exist_ok=True)
+    if args.engine_sweeps:
+        print("engine sweep 0 ...", file=sys.stderr, flush=True)
+        engine_records.append(sweep_once(args.directory / "decode-sweep0.json"))
     runs: dict[str, list[Path]] = {}
-    for index, (name, settings) in enumerate(CONFIGURATIONS.items()):
-        for seed in seeds:
+    for round_index, seed in enumerate(seeds, start=1):
+        for index, (name, settings) in enumerate(CONFIGURATIONS.items()):
             print(f"{name}, seed {seed} ...", file=sys.stderr, flush=True)
             directory = args.directory / f"config{index}-seed{seed}"
             runs.setdefault(name, []).append(run_once(directory, args.steps, seed, settings))
+        if args.engine_sweeps:
+            print(f"engine sweep {round_index} ...", file=sys.stderr, flush=True)
+            engine_records.append(sweep_once(args.directory / f"decode-sweep{round_index}.json"))
     comparisons = compare(
         runs,
         PROMPT_TOKENS,
         contention=contention,
-        engine_records=args.engine_record,
+        engine_records=engine_records,
         scale_table_to_runs=args.scale_table,
     )
     print(markdown_table(comparisons))
@@ -106,7 +138,7 @@ def main() -> None:
     if args.profile_out is not None:
         every = [run for group in runs.values() for run in group]
         profile = calibrate(
-            every, args.profile_out.stem, args.engine_record, scale_table_to_runs=args.scale_table
+            every, args.profile_out.stem, engine_records, scale_table_to_runs=args.scale_table
         )
         profile = with_contention(profile, every, PROMPT_TOKENS, contention)
         profile.description = (

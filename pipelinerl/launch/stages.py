@@ -11,13 +11,16 @@ of both roles runs here (``LocalStages`` with ``role=None``); on a cluster each 
 
 Every stage runs in its own process group with its log under ``<run_dir>/logs/``. A stage that
 exits before the run is done raises ``StageFailed`` with the tail of its log. Stages get
-``PR_SET_PDEATHSIG``, so a launcher killed even by SIGKILL leaves no orphan behind.
+``PR_SET_PDEATHSIG``, so a launcher killed even by SIGKILL leaves no orphan behind. On a machine
+without GPUs the stages of this interpreter are forked from a server that has imported their libraries
+once (``run.preload_stages``, ``launch/stage_server.py``); the others start as fresh interpreters.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -39,8 +42,11 @@ from pipelinerl.launch.gpus import (
     visible_gpus,
 )
 from pipelinerl.launch.rank_env import torchrun_env
+from pipelinerl.launch.stage_server import ForkedProcess, server_for
 from pipelinerl.platform.config import PipelineConfig, Role
 from pipelinerl.platform.curve_keys import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
+
+logger = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 30.0
 # Files a stage creates are its user's only (0600, directories 0700): records, checkpoints, tokens.
@@ -129,11 +135,18 @@ class Stage:
     env: dict[str, str]
     log_path: Path
     cpus: tuple[int, ...] = ()  # CPU cores it is confined to (empty: any)
-    process: subprocess.Popen[bytes] | None = None
+    preload: bool = False  # forked from a stage server (``python -m MODULE ...`` of this interpreter)
+    process: subprocess.Popen[bytes] | ForkedProcess | None = None
 
     def start(self, cwd: Path) -> None:
         self.log_path.parent.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
         cpus = self.cpus
+        if self.preload:
+            try:
+                self.process = self._fork(cwd)
+                return
+            except (RuntimeError, OSError) as error:  # the stage runs all the same, as a new interpreter
+                logger.warning("%s: no stage server (%s); starting a new interpreter", self.name, error)
 
         def before_exec() -> None:  # only prctl and sched_setaffinity: no locks taken
             _die_with_parent()
@@ -156,6 +169,15 @@ class Stage:
                 umask=STAGE_UMASK,
             )
 
+    def _fork(self, cwd: Path) -> ForkedProcess:
+        """The stage forked from this interpreter's stage server (``launch/stage_server.py``)."""
+        python, _flag, module, *argv = self.command
+        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE)
+        os.fchmod(log_fd, PRIVATE_FILE_MODE)
+        os.close(log_fd)
+        server = server_for(python, self.env)
+        return server.spawn(module, argv, self.command, self.env, cwd, self.log_path, self.cpus, STAGE_UMASK)
+
     @property
     def is_trainer(self) -> bool:
         return self.name.startswith("trainer")
@@ -170,8 +192,11 @@ class Stage:
 
     def signal_group(self, signum: int) -> None:
         if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
+            try:
                 os.killpg(self.process.pid, signum)
+            except ProcessLookupError:  # a forked stage not yet in its own group: the process alone
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.process.pid, signum)
 
 
 @dataclass(frozen=True)
@@ -242,6 +267,8 @@ def build_stages(
     # GPUs of this node (launch/gpus.py): the trainer ranks take one each when they run on cuda, the
     # vLLM actors the next ones; a node without GPUs assigns nothing.
     gpus = visible_gpus()
+    # Forked from a stage server: this interpreter's stages, on a node without GPUs (stage_server.py).
+    preload = config.run.preload_stages and not gpus
     device = (
         trainer_device(config.trainer.device, gpus, bool(gpus) and torch_sees_cuda())
         if share.trainer_ranks
@@ -272,6 +299,7 @@ def build_stages(
                 env,
                 logs / f"trainer{rank}.log",
                 tuple(config.trainer.cpus),
+                preload=preload,
             )
         )
     if share.preprocessor:
@@ -282,6 +310,7 @@ def build_stages(
                 stage_env(1),
                 logs / "preprocessor.log",
                 tuple(config.trainer.cpus),
+                preload=preload,
             )
         )
     actor_python = actor_interpreter(config)
@@ -302,6 +331,7 @@ def build_stages(
                 env,
                 logs / f"actor{actor_id}.log",
                 tuple(config.actor.cpus),
+                preload=preload and actor_python == python,
             )
         )
     return stages

@@ -38,7 +38,11 @@ def test_a_stop_request_stops_the_role_s_stages_and_is_returned(
 
     def ask() -> str | None:
         if not started:  # the first turn: the stage processes have started
-            started.extend(p for p in psutil.Process().children(recursive=True) if p.pid not in before)
+            started.extend(  # the run's stages (a stage server, shared by runs, is not one)
+                p
+                for p in psutil.Process().children(recursive=True)
+                if p.pid not in before and str(run_dir) in " ".join(p.cmdline())
+            )
             request_stop(path, "the run is stopping (attempt 1 failed)")
         return stop_requested(path)
 

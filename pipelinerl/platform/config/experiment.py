@@ -86,6 +86,13 @@ class RunConfig(Section):
         "sampled, hand out again the prompts it was not trained on, and take the checkpoint's weights as an "
         "in-flight update. false: every stage restarts. Runs placed on worker pools restart every stage.",
     )
+    preload_stages: bool = Field(
+        True,
+        description="On a machine without GPUs, fork the stages (trainer ranks, preprocessor, a transformers "
+        "actor) from a server that has imported torch, transformers and DeepSpeed once, instead of starting "
+        "each as a new interpreter that imports them again (seconds of CPU per stage and restart). false: "
+        "every stage is a new interpreter, as on GPU machines.",
+    )
     plan_profile: str | None = Field(
         None,
         description="A cost profile (a shipped name from `pipelinerl plan profiles`, or a profile file): "

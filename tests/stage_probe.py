@@ -1,0 +1,38 @@
+"""A stand-in stage for the stage server's tests: ``main(argv)`` as every stage module has, reporting
+what it was started with. ``argv``: the report's path, then ``exit:N``, ``raise`` or ``sleep`` (optional)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str]) -> None:
+    report, *action = argv
+    umask = os.umask(0)
+    os.umask(umask)
+    Path(report).write_text(
+        json.dumps(
+            {
+                "sys_argv": sys.argv,
+                "probe_env": os.environ.get("PROBE_VALUE"),
+                "threads_env": os.environ.get("OMP_NUM_THREADS"),
+                "cwd": os.getcwd(),
+                "cpus": sorted(os.sched_getaffinity(0)),
+                "umask": umask,
+                "group_leader": os.getpgid(0) == os.getpid(),
+                "torch_preloaded": "torch" in sys.modules,
+            }
+        )
+    )
+    print("to stdout")
+    print("to stderr", file=sys.stderr)
+    if action == ["raise"]:
+        raise RuntimeError("the probe failed on purpose")
+    if action == ["sleep"]:
+        time.sleep(600)
+    if action and action[0].startswith("exit:"):
+        raise SystemExit(int(action[0].removeprefix("exit:")))
