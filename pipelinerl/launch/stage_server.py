@@ -64,8 +64,11 @@ PER_STAGE = frozenset(
         "PYTEST_CURRENT_TEST",  # the test runner's, new for every test
     }
 )
-# Room the server's command line keeps for a stage's (``ps`` shows what the stage would have run as).
+# Room the server's command line and environment keep for a stage's (``ps`` and /proc/PID/environ show
+# what the stage would have been started with).
 TITLE_ROOM = 4096
+ENVIRONMENT_ROOM = 1 << 16
+ROOM_VARIABLE = "PIPELINERL_STAGE_SERVER_ROOM"
 START_TIMEOUT_S = 120.0  # the server's imports on a loaded machine
 PR_SET_PDEATHSIG = 1
 
@@ -141,14 +144,15 @@ def serve() -> dict[str, Any] | None:
             _reply({"started": pid})
 
 
-def _show_command(command: Sequence[str]) -> None:
-    """Write ``command`` over this process's argument area, as the kernel shows it (/proc/PID/cmdline,
-    ``ps``, psutil): the arguments NUL-separated, the rest of the area NULs. Left as is if it does not fit."""
+def _show(parts: Sequence[str], field: int) -> None:
+    """Write ``parts`` over this process's argument (``field`` 48) or environment (50) area, as the kernel
+    shows them (/proc/PID/cmdline and environ, ``ps``, psutil): NUL-separated, the rest of the area NULs.
+    Left as is if they do not fit."""
     with contextlib.suppress(OSError, ValueError, IndexError):
-        # /proc/self/stat fields 48 and 49 (arg_start, arg_end), counted after the command name's ")"
+        # /proc/self/stat's fields (arg_start, arg_end, env_start, env_end: 48-51), after the name's ")"
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])
-        text = b"\0".join(part.encode() for part in command) + b"\0"
+        start, end = int(fields[field - 3]), int(fields[field - 2])
+        text = b"\0".join(part.encode() for part in parts) + b"\0"
         if len(text) <= end - start:
             ctypes.memmove(start, text.ljust(end - start, b"\0"), end - start)
 
@@ -158,7 +162,8 @@ def _settle(request: Mapping[str, Any]) -> None:
     command line, so that the launcher's signals and anyone's ``ps`` find it as a stage."""
     os.setsid()
     _die_with_parent()
-    _show_command(request["command"])
+    _show(request["command"], 48)
+    _show([f"{key}={value}" for key, value in request["env"].items()], 50)
 
 
 def run_stage(request: Mapping[str, Any]) -> None:
@@ -246,7 +251,7 @@ class StageServer:
         self._errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed with the server)
         self.process = subprocess.Popen(
             [python, "-m", "pipelinerl.launch.stage_server", " " * TITLE_ROOM],
-            env=self.env,
+            env={**self.env, ROOM_VARIABLE: " " * ENVIRONMENT_ROOM},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._errors,

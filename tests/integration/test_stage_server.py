@@ -63,6 +63,8 @@ def test_its_command_line_is_the_stage_s_and_a_signal_is_its_exit_code(tmp_path:
     argv = Path(f"/proc/{stage.process.pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
     assert argv == stage.command, "ps, pgrep -f and psutil see what the stage would have run as"
     assert "tests.stage_probe" in psutil.Process(stage.process.pid).cmdline()
+    environ = Path(f"/proc/{stage.process.pid}/environ").read_bytes().rstrip(b"\0").decode().split("\0")
+    assert environ == [f"{key}={value}" for key, value in stage.env.items()], "its own environment"
     assert stage.exit_code() is None
     stage.signal_group(signal.SIGTERM)
     assert stage.process.wait(timeout=60) == -signal.SIGTERM
