@@ -139,11 +139,16 @@ class Stage:
     process: subprocess.Popen[bytes] | ForkedProcess | None = None
 
     def start(self, cwd: Path) -> None:
+        # The log is the run's user's only (it names the stage's streams), as is every file the stage
+        # writes (STAGE_UMASK): the run directory is no one else's business.
         self.log_path.parent.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE)
+        os.fchmod(log_fd, PRIVATE_FILE_MODE)  # also a log an earlier attempt of the run left
         cpus = self.cpus
         if self.preload:
             try:
                 self.process = self._fork(cwd)
+                os.close(log_fd)  # the forked stage opens it for itself
                 return
             except (RuntimeError, OSError) as error:  # the stage runs all the same, as a new interpreter
                 logger.warning("%s: no stage server (%s); starting a new interpreter", self.name, error)
@@ -153,10 +158,6 @@ class Stage:
             if cpus:
                 os.sched_setaffinity(0, cpus)
 
-        # The log is the run's user's only (it names the stage's streams), as is every file the stage
-        # writes (STAGE_UMASK): the run directory is no one else's business.
-        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE)
-        os.fchmod(log_fd, PRIVATE_FILE_MODE)  # also a log an earlier attempt of the run left
         with os.fdopen(log_fd, "ab") as log:
             self.process = subprocess.Popen(
                 self.command,
@@ -172,9 +173,6 @@ class Stage:
     def _fork(self, cwd: Path) -> ForkedProcess:
         """The stage forked from this interpreter's stage server (``launch/stage_server.py``)."""
         python, _flag, module, *argv = self.command
-        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE)
-        os.fchmod(log_fd, PRIVATE_FILE_MODE)
-        os.close(log_fd)
         server = server_for(python, self.env)
         return server.spawn(module, argv, self.command, self.env, cwd, self.log_path, self.cpus, STAGE_UMASK)
 
