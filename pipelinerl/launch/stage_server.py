@@ -76,7 +76,8 @@ PR_SET_PDEATHSIG = 1
 # ----- the server (this module run as a program) -----------------------------------------------------
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """In a new process, before it runs anything: SIGTERM when its parent dies, even by SIGKILL (Linux)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -161,7 +162,7 @@ def _settle(request: Mapping[str, Any]) -> None:
     """In the forked stage, before the launcher hears of it: its own session (process group) and its
     command line, so that the launcher's signals and anyone's ``ps`` find it as a stage."""
     os.setsid()
-    _die_with_parent()
+    die_with_parent()
     _show(request["command"], 48)
     _show([f"{key}={value}" for key, value in request["env"].items()], 50)
 

@@ -19,7 +19,6 @@ once (``run.preload_stages``, ``launch/stage_server.py``); the others start as f
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -42,7 +41,7 @@ from pipelinerl.launch.gpus import (
     visible_gpus,
 )
 from pipelinerl.launch.rank_env import torchrun_env
-from pipelinerl.launch.stage_server import ForkedProcess, server_for
+from pipelinerl.launch.stage_server import ForkedProcess, die_with_parent, server_for
 from pipelinerl.platform.config import PipelineConfig, Role
 from pipelinerl.platform.curve_keys import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
 
@@ -53,7 +52,6 @@ SHUTDOWN_GRACE_S = 30.0
 STAGE_UMASK = 0o077
 LOG_TAIL_LINES = 40
 POLL_S = 0.5
-PR_SET_PDEATHSIG = 1
 
 
 class StageFailed(RuntimeError):
@@ -122,12 +120,6 @@ class StallWatch:
         )
 
 
-def _die_with_parent() -> None:
-    """In a stage process, before exec: get SIGTERM when the launcher dies, even by SIGKILL (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 @dataclass
 class Stage:
     name: str
@@ -154,7 +146,7 @@ class Stage:
                 logger.warning("%s: no stage server (%s); starting a new interpreter", self.name, error)
 
         def before_exec() -> None:  # only prctl and sched_setaffinity: no locks taken
-            _die_with_parent()
+            die_with_parent()
             if cpus:
                 os.sched_setaffinity(0, cpus)
 
