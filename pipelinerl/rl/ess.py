@@ -9,7 +9,7 @@ invariant to scaling all weights by the same positive number. It is computed in 
 square: a ratio pi/mu of 1e200, or one that overflowed float32 to ``inf``, is a valid input. An infinite
 weight gives the limit of the formula, ``k / N`` for ``k`` infinite weights (they dominate equally).
 
-Two ESS are logged per step (``workers/trainer.py``): ``rl/ess`` of the raw ratios pi/mu and
+Two ESS are logged per step (``workers/step_statistics.py``): ``rl/ess`` of the raw ratios pi/mu and
 ``rl/ess_truncated`` of the truncated weights min(pi/mu, c) that multiply the advantage in the loss.
 
 Reference: Piché et al. 2025, "PipelineRL", arXiv 2509.19128, §"Numbers to implement" (ESS).

@@ -66,9 +66,6 @@ from pipelinerl.platform.step_digests import (
 from pipelinerl.platform.tracking import metric_registry as registry
 from pipelinerl.platform.transport import Receiver, run_keys
 from pipelinerl.platform.wire import Shutdown, TrainBatch, impossible_values
-from pipelinerl.rl.ess import effective_sample_size_from_log_weights
-from pipelinerl.rl.lag import lag_statistics, token_lags
-from pipelinerl.rl.mismatch import behaviour_mismatch
 from pipelinerl.workers.deepspeed_import import import_deepspeed
 from pipelinerl.workers.deepspeed_setup import (
     deepspeed_config,
@@ -78,7 +75,8 @@ from pipelinerl.workers.deepspeed_setup import (
 )
 from pipelinerl.workers.engines.lm_head import float32_lm_head
 from pipelinerl.workers.policy_step import concat_records, micro_batch_loss
-from pipelinerl.workers.recipe_terms import load_reference_model, recipe_metrics, reference_model_path
+from pipelinerl.workers.recipe_terms import load_reference_model, reference_model_path
+from pipelinerl.workers.step_statistics import RankStep, step_statistics, version_span
 from pipelinerl.workers.weight_publisher import WeightPublisher
 
 logger = logging.getLogger("pipelinerl.trainer")
@@ -98,32 +96,6 @@ def model_positions(model_config: Any) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
-
-
-def _version_span(sequence: Any) -> int:
-    """How many policy versions wrote this sequence (2+: it was in flight during an update)."""
-    return len(np.unique(np.asarray(sequence.token_versions)))
-
-
-def ess_metrics(
-    trainer_logprobs: np.ndarray, behaviour_logprobs: np.ndarray, is_cap: float | None
-) -> dict[str, float]:
-    """The step's two effective sample sizes, from log-probs (log space: no ratio overflows).
-
-    ``rl/ess``: of the raw ratios pi/mu; ``rl/ess_truncated``: of the truncated weights min(pi/mu, c) that
-    multiply the advantage in the truncated-IS loss (``is_cap`` = c; None for a loss without them). A
-    statistic that is undefined (a NaN log-prob) is left out and logged, never fatal."""
-    log_ratio = torch.from_numpy(trainer_logprobs.astype(np.float64) - behaviour_logprobs.astype(np.float64))
-    logs = {registry.ESS: log_ratio}
-    if is_cap is not None:
-        logs[registry.ESS_TRUNCATED] = torch.clamp(log_ratio, max=float(np.log(is_cap)))
-    metrics = {}
-    for name, log_weights in logs.items():
-        try:
-            metrics[name] = effective_sample_size_from_log_weights(log_weights)
-        except ValueError as error:
-            logger.warning("%s left out of this step: %s", name, error)
-    return metrics
 
 
 def step_seed(seed: int, policy_version: int) -> int:
@@ -440,68 +412,31 @@ class Trainer:
         if grad_norm is not None:
             batch_record[registry.TRAINER_GRAD_NORM] = float(grad_norm)
         # Statistics over the whole step: every rank's tokens and sequences.
-        parts = self._gather(
-            (
-                local,
-                [seq.reward for seq in fresh],
-                [_version_span(seq) for seq in fresh],
-                [len(seq.completion_token_ids) for seq in fresh],
-                float(np.sum(losses)),
-                [(seq.rollout_id, int(np.min(seq.token_versions, initial=trained_at))) for seq in fresh],
-                results,
-                sorted({seq.group_id for seq in fresh}),
-            )
+        part = RankStep(
+            tokens=local,
+            rewards=[seq.reward for seq in fresh],
+            version_spans=[version_span(seq.token_versions) for seq in fresh],
+            lengths=[len(seq.completion_token_ids) for seq in fresh],
+            loss=float(np.sum(losses)),
+            rollouts=[(seq.rollout_id, int(np.min(seq.token_versions, initial=trained_at))) for seq in fresh],
+            results=results,
+            groups=sorted({seq.group_id for seq in fresh}),
         )
-        tokens = concat_records([part[0] for part in parts])
-        rewards = np.array([r for part in parts for r in part[1]], dtype=np.float64)
-        spans = [span for part in parts for span in part[2]]
-        lengths = [n for part in parts for n in part[3]]
-        lags = token_lags(trained_at, torch.from_numpy(tokens.token_versions.astype(np.int64)))
-        lag = lag_statistics(lags, torch.from_numpy(tokens.token_positions.astype(np.int64)))
-        mismatch = behaviour_mismatch(
-            torch.from_numpy(tokens.trainer_logprobs), torch.from_numpy(tokens.behaviour_logprobs), lags
-        )
-        self.samples_trained += len(rewards)
-        self.tokens_trained += len(tokens.ratio)
+        is_cap = rl.is_cap if rl.loss == "truncated_is" else None
+        statistics = step_statistics(self._gather(part), trained_at, is_cap, rl.kl.coef, rl.entropy_coef)
+        self.samples_trained += statistics[registry.TRAINER_SAMPLES]
+        self.tokens_trained += statistics[registry.TRAINER_TOKENS]
         record: dict[str, Any] = {
             registry.STEP: self.policy_version,
             registry.POLICY_VERSION: self.policy_version,
             registry.TRAINED_AT_VERSION: trained_at,
-            registry.LOSS: float(np.mean([part[4] for part in parts])),
-            registry.REWARD_MEAN: float(rewards.mean()),
-            **ess_metrics(
-                tokens.trainer_logprobs,
-                tokens.behaviour_logprobs,
-                config.rl.is_cap if config.rl.loss == "truncated_is" else None,
-            ),
-            **recipe_metrics([result for part in parts for result in part[6]], rl.kl.coef, rl.entropy_coef),
-            registry.LAG_MEAN: lag.mean,
-            registry.LAG_P50: lag.p50,
-            registry.LAG_P90: lag.p90,
-            registry.LAG_MAX: lag.max,
-            registry.LAG_HISTOGRAM: lag.histogram,
-            registry.LAG_BY_POSITION: lag.mean_by_position,
-            registry.LAG_POSITION_BUCKET_SIZE: lag.position_bucket_size,
-            registry.TRAINER_SAMPLES: len(rewards),
-            registry.TRAINER_TOKENS: len(tokens.ratio),
+            **statistics,
             registry.SAMPLES_TRAINED: self.samples_trained,
             registry.TOKENS_TRAINED: self.tokens_trained,
-            registry.TRAINER_INFLIGHT_SEQUENCES: sum(1 for span in spans if span > 1),
-            registry.COMPLETION_LEN_MEAN: float(np.mean(lengths)),
-            # The step's completion-length distribution (long tails are what in-flight updates win on).
-            registry.COMPLETION_LEN_P50: float(np.percentile(lengths, 50)),
-            registry.COMPLETION_LEN_P90: float(np.percentile(lengths, 90)),
-            registry.COMPLETION_LEN_MAX: int(np.max(lengths)),
             registry.TRAINER_STEP_S: time.perf_counter() - step_started,
             registry.TRAINER_MICRO_BATCHES: len(micro_batches),
             **batch_record,  # this rank's: writing the step's batch for replay, and its size
-            # (rollout id, oldest version that wrote it): the tracking owner fills the rollout ledger.
-            registry.ROLLOUTS: [list(entry) for part in parts for entry in part[5]],
-            # The groups trained (a group's members may sit on several ranks): the prompt ledger.
-            registry.TRAINED_GROUPS: sorted({group_id for part in parts for group_id in part[7]}),
         }
-        if mismatch is not None:  # absent, not NaN, in a step without a lag-0 token (JSON has no NaN)
-            record[registry.BEHAVIOUR_MISMATCH] = mismatch
         return record
 
     def _gather(self, part: Any) -> list[Any]:

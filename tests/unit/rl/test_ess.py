@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipelinerl.rl.ess import effective_sample_size, effective_sample_size_from_log_weights
-from pipelinerl.workers.trainer import ess_metrics
+from pipelinerl.workers.step_statistics import ess_metrics
 
 
 def test_equal_weights_give_one() -> None:
