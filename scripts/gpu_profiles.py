@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelinerl.plan.paper import LENGTHS as PAPER_LENGTHS
+
 OUT = Path(__file__).resolve().parent.parent / "pipelinerl" / "plan" / "profiles"
 
 # Peak bf16 dense FLOP/s is the same on both (one GH100 die); HBM bandwidth differs.
@@ -160,6 +162,8 @@ def profile(gpu: str, model: Model) -> dict[str, object]:
             f"(estimates); the fixed cost what is left of the anchored transfer_s ({transfer} s) in "
             f"{ANCHOR_BUCKET_BYTES >> 20} MiB buckets",
         },
+        # The paper's stand-in (plan/paper.py): taken when `pipelinerl plan` is given no --lengths.
+        "lengths": f"loglogistic:{PAPER_LENGTHS[0]:g},{PAPER_LENGTHS[1]:g}",
     }
 
 

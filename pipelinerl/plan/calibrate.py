@@ -28,7 +28,7 @@ import numpy as np
 
 from pipelinerl.plan.costs import read_table
 from pipelinerl.plan.fitting import nonnegative_fit
-from pipelinerl.plan.lengths import EmpiricalLengths, Lengths, parse_lengths
+from pipelinerl.plan.lengths import EmpiricalLengths, Lengths, LogNormalLengths, parse_lengths
 from pipelinerl.plan.profile import CostProfile, DecodeTable, Figure, Transfer
 from pipelinerl.plan.transfer import MIB, LinkCosts, MeasuredUpdate, fit_link
 from pipelinerl.platform.tracking import metric_registry as registry
@@ -299,12 +299,30 @@ def calibrate(
         figures=figures,
         decode_table=table,
         transfer=transfer,
+        lengths=lengths_of_runs(runs),
     )
     try:
         profile.cost_model()
     except ValueError as error:
         raise CalibrationError(f"{shown}: the fitted figures are unusable ({error})") from None
     return profile
+
+
+def lengths_of_runs(run_dirs: Iterable[Path]) -> str | None:
+    """The runs' completions as a form a profile carries (a lognormal of their mean and 90th percentile;
+    a log-logistic where the tail is too heavy for one), or None when the runs kept no per-token files."""
+    try:
+        observed = np.asarray(completion_lengths(run_dirs).observed, dtype=np.float64)
+    except CalibrationError:
+        return None
+    mean, median, p90 = (float(value) for value in (observed.mean(), *np.percentile(observed, [50, 90])))
+    if p90 <= mean:  # (nearly) one length
+        return f"fixed:{round(mean)}"
+    try:
+        LogNormalLengths.from_mean_p90(mean, p90, max_tokens=2**31)
+    except ValueError:  # a tail too heavy for a lognormal: the log-logistic's median and p90
+        return f"loglogistic:{median:.1f},{p90:.1f}" if median < p90 else f"fixed:{round(mean)}"
+    return f"lognormal:{mean:.1f},{p90:.1f}"
 
 
 def completion_lengths(run_dirs: Iterable[Path]) -> EmpiricalLengths:

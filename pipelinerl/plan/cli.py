@@ -12,8 +12,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from pipelinerl.plan.calibrate import CalibrationError, calibrate, lengths_from
-from pipelinerl.plan.cluster import CLUSTER_FORM
+from pipelinerl.plan.cluster import CLUSTER_FORM, parse_cluster
 from pipelinerl.plan.contention import fit_alone_speedups
+from pipelinerl.plan.defaults import choose_profile, profile_lengths
 from pipelinerl.plan.figures import sweep_figure
 from pipelinerl.plan.lengths import LENGTH_FORMS
 from pipelinerl.plan.predict import SWEEP_FORM, SweepPoint, parse_sweep
@@ -27,6 +28,11 @@ plan_app = typer.Typer(
     help="Predict a run's speed and staleness before launching it (a simulation under a cost profile).",
     invoke_without_command=True,
 )
+
+
+def _say(message: str, as_json: bool) -> None:
+    """A line for the reader; with --json, on stderr (stdout is the JSON)."""
+    (Console(stderr=True) if as_json else console).print(message, highlight=False, soft_wrap=True)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -77,10 +83,16 @@ def plan_command(
     profile (samples/s, idle shares, lag), on a cluster, or across a sweep of one setting."""
     if context.invoked_subcommand is not None:
         return
-    if profile is None or lengths is None:
-        raise _fail("give --profile (a file or a shipped name) and --lengths (" + LENGTH_FORMS + ")")
     try:
         resolved = load_config(config, set_ or [])
+        if profile is None:
+            gpu = parse_cluster(cluster).gpu if cluster else None
+            model = str(resolved.model.path) if resolved.model.path is not None else None
+            profile, why = choose_profile(gpu, model)
+            _say(f"profile: {why} (--profile picks another)", as_json)
+        if lengths is None:
+            lengths, why = profile_lengths(resolve_profile(profile))
+            _say(f"lengths: {why}, cut at actor.max_new_tokens={resolved.actor.max_new_tokens}", as_json)
         drawn = lengths_from(lengths, resolved.actor.max_new_tokens)
         mode_list = [mode.strip() for mode in modes.split(",") if mode.strip()]
         total = len(parse_sweep(sweep).values) if sweep else 0

@@ -32,6 +32,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipelinerl.plan.costs import CostModel
+from pipelinerl.plan.lengths import parse_lengths
 from pipelinerl.plan.transfer import LinkCosts
 
 FIGURES = tuple(field.name for field in fields(CostModel) if field.name != "decode_table")
@@ -104,6 +105,20 @@ class CostProfile(BaseModel):
     decode_table: DecodeTable | None = None
     hardware: Hardware | None = None
     transfer: Transfer | None = None
+    lengths: str | None = Field(
+        None,
+        description="The completion lengths the profile's figures go with, in a --lengths form other than "
+        "run: (plan takes them when it is given none)",
+    )
+
+    @field_validator("lengths")
+    @classmethod
+    def _lengths_readable(cls, lengths: str | None) -> str | None:
+        if lengths is not None:
+            if lengths.startswith("run:"):
+                raise ValueError(f"{lengths!r}: a profile's lengths are a form that travels, not run:RUN_DIR")
+            parse_lengths(lengths, max_tokens=2**31)  # ValueError naming the form
+        return lengths
 
     @field_validator("figures")
     @classmethod

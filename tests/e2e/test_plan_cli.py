@@ -120,3 +120,22 @@ def test_bench_plan_quick_times_every_case_and_records_it(tmp_path) -> None:
     assert all(row["samples"] == 20 * 1024 and row["cpu_s"] > 0 for row in cases.values())
     assert cases[("128 actor GPUs", "pipeline")]["engines"] == 128
     assert "machine" in record and "| 48 actor GPUs | pipeline | 48 |" in done.stdout
+
+
+def test_without_profile_or_lengths_the_cluster_picks_them_and_says_so() -> None:
+    """The issue's form: `pipelinerl plan --config CONFIG --cluster ... [--sweep ...]`, no --profile."""
+    command = [*PIPELINERL, "plan", "--cluster", "actors=96xH100,trainers=32xH100", "--json"]
+    command += ["-s", "model.path=Qwen/Qwen2.5-7B-Instruct", "-s", "run.max_steps=8", "--modes", "pipeline"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["pipeline"]["samples_per_s"] > 0
+    assert "profile: H100 and a 7B model: h100-7b" in done.stderr
+    assert "lengths: the lengths h100-7b goes with: loglogistic:1000,3000" in done.stderr
+    unknown = subprocess.run(
+        [*PIPELINERL, "plan", "--cluster", "actors=8xL40S,trainers=8xL40S"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert unknown.returncode == 2
+    assert "no shipped profile describes L40S" in unknown.stdout + unknown.stderr

@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelinerl.plan.calibrate import CalibrationError, calibrate, completion_lengths, decode_table_from
+from pipelinerl.plan.calibrate import (
+    CalibrationError,
+    calibrate,
+    completion_lengths,
+    decode_table_from,
+    lengths_of_runs,
+)
 from pipelinerl.plan.fitting import nonnegative_fit
 from pipelinerl.platform.tracking import metric_registry as registry
 
@@ -91,6 +97,23 @@ def test_completion_lengths_are_read_from_the_per_token_files(tmp_path) -> None:
     assert sorted(completion_lengths([tmp_path]).observed) == [1, 2, 3, 4]
     with pytest.raises(CalibrationError, match="no per-token files"):
         completion_lengths([tmp_path / "tokens"])
+
+
+def _token_files(run: Path, lengths: list[int]) -> Path:
+    (run / "tokens").mkdir(parents=True)
+    positions = np.concatenate([np.arange(n) for n in lengths]).astype(np.int32)
+    np.savez(run / "tokens" / "step_000001_rank0.npz", token_positions=positions)
+    return run
+
+
+def test_a_profile_carries_the_lengths_of_the_runs_it_was_calibrated_on(tmp_path) -> None:
+    spread = _token_files(tmp_path / "spread", list(range(10, 60)))  # mean 34.5, p90 54.1
+    assert lengths_of_runs([spread]) == "lognormal:34.5,54.1"
+    one = _token_files(tmp_path / "one", [20] * 8)
+    assert lengths_of_runs([one]) == "fixed:20"
+    heavy = _token_files(tmp_path / "heavy", [1] * 80 + [2] * 9 + [5000] * 11)  # too heavy for a lognormal
+    assert lengths_of_runs([heavy]).startswith("loglogistic:")
+    assert lengths_of_runs([tmp_path / "none"]) is None
 
 
 def test_the_trainer_steps_spread_around_the_fit_is_measured(tmp_path) -> None:
