@@ -9,6 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import torch  # noqa: F401 (as a stage module imports its libraries: the server imports them with it)
+
+WATCHED = ("deepspeed", "pipelinerl.workers.trainer")  # what a server of a node without a trainer never loads
+IMPORTED_IN = os.getpid()  # the process that imported this module: the stage server, for a forked stage
+
 
 def main(argv: list[str]) -> None:
     report, *action = argv
@@ -24,7 +29,11 @@ def main(argv: list[str]) -> None:
                 "cpus": sorted(os.sched_getaffinity(0)),
                 "umask": umask,
                 "group_leader": os.getpgid(0) == os.getpid(),
-                "torch_preloaded": "torch" in sys.modules,
+                "imported_in": IMPORTED_IN,
+                "pid": os.getpid(),
+                "loaded": sorted(
+                    name for name in ("deepspeed", "pipelinerl.workers.trainer") if name in sys.modules
+                ),
             }
         )
     )

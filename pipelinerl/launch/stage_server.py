@@ -4,7 +4,8 @@ Every stage of a run (the trainer ranks, the preprocessor, a transformers actor)
 pipelinerl.workers.<stage>`` and spends its first seconds importing torch, transformers, DeepSpeed and
 the platform: about 10 s of CPU a run on this project's 2-core machines, paid again by every stage of
 every run and every restart (docs/benchmarks.md, "Test suite"). Here a **stage server** (this module
-run as ``python -m pipelinerl.launch.stage_server``) imports them once and forks each stage from that
+run as ``python -m pipelinerl.launch.stage_server``) imports a stage's module the first time it is
+asked for one (the trainer's with DeepSpeed), and forks that stage and every later one from that
 state, as a zygote does: the stage runs its module's ``main(argv)`` with its own environment, working
 directory, cores, umask, log file and process group, and shows its usual command line in ``ps``.
 
@@ -42,8 +43,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# What every stage imports, loaded once by the server (the trainer's DeepSpeed too).
-PRELOAD = ("pipelinerl.workers.trainer", "pipelinerl.workers.preprocessor", "pipelinerl.workers.actor")
+TRAINER = "pipelinerl.workers.trainer"  # its DeepSpeed is imported with it (at run time otherwise)
 # A stage's own variables, read when it runs (never at import): servers are shared across them.
 PER_STAGE = frozenset(
     {
@@ -82,12 +82,21 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _preload() -> None:
-    for module in PRELOAD:
+def _load(module: str) -> None:
+    """Import a stage's module in the server the first time a stage of it is asked for: it and every
+    later stage of it fork from that state, and a server never imports what its launcher's stages do
+    not run (a node of the actors' pool loads no DeepSpeed). A failure is left to the stage, whose own
+    import then fails in its log, as a new interpreter's would."""
+    if module in sys.modules:
+        return
+    try:
         importlib.import_module(module)
-    from pipelinerl.workers.deepspeed_import import import_deepspeed  # noqa: PLC0415 (the server's own preload)
+        if module == TRAINER:
+            from pipelinerl.workers.deepspeed_import import import_deepspeed  # noqa: PLC0415 (with the trainer only)
 
-    import_deepspeed()
+            import_deepspeed()
+    except Exception as error:  # the stage imports it again and fails where its log shows it
+        log.warning("stage server: importing %s failed (%s); the stage imports it itself", module, error)
 
 
 _PROTOCOL_FD = 1  # the launcher's pipe; main() moves it off stdout, where a library may print
@@ -129,6 +138,7 @@ def serve() -> dict[str, Any] | None:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             request = json.loads(line)
+            _load(request["module"])
             settled_r, settled_w = os.pipe()
             pid = os.fork()
             if pid == 0:  # the stage: leave the server's loop with its request
@@ -198,7 +208,6 @@ def main() -> None:
     global _PROTOCOL_FD
     _PROTOCOL_FD = os.dup(1)
     os.dup2(2, 1)  # what the imports print goes where the server's errors go
-    _preload()
     _reply({"ready": os.getpid()})
     request = serve()
     if request is None:

@@ -1,5 +1,5 @@
 """Stages forked from a stage server (``launch/stage_server.py``), for real: a server process that has
-imported torch, transformers and DeepSpeed forks a stand-in stage (``tests/stage_probe.py``), which
+imported a stand-in stage's module (``tests/stage_probe.py``, with torch) forks that stage, which
 must run as ``python -m`` would have run it: its arguments, environment, directory, cores, umask, own
 process group and log, its command line in ``/proc``; exit codes and signals as ``Popen`` reports them;
 and nothing left when the server ends."""
@@ -49,7 +49,7 @@ def test_a_forked_stage_runs_as_python_m_would_have(tmp_path: Path) -> None:
     assert seen["cpus"] == [core]
     assert seen["umask"] == STAGE_UMASK
     assert seen["group_leader"], "its own process group, as start_new_session gives"
-    assert seen["torch_preloaded"], "forked after the server's imports"
+    assert seen["imported_in"] != seen["pid"], "forked after the server imported the stage's module"
     log = stage.log_path.read_text()
     assert "to stdout" in log and "to stderr" in log
     assert stage.log_path.stat().st_mode & 0o777 == PRIVATE_FILE_MODE
@@ -77,6 +77,19 @@ def test_an_exit_code_and_a_traceback_reach_the_launcher_and_the_log(tmp_path: P
     assert stage.process is not None and stage.process.wait(timeout=180) == code
     if action == "raise":
         assert "RuntimeError: the probe failed on purpose" in stage.log_path.read_text()
+
+
+def test_a_server_imports_only_what_its_stages_run_and_each_module_once(tmp_path: Path) -> None:
+    """A launcher whose node runs no trainer (an actors' pool node) loads no DeepSpeed in its server;
+    a second stage of the same module forks from the server that imported it for the first."""
+    alone = {"PROBE_VALUE": f"alone-{tmp_path.name}"}  # an environment no other test's server has
+    first, second = probe(tmp_path, "first", env=alone), probe(tmp_path, "second", env=alone)
+    for stage in (first, second):
+        stage.start(cwd=tmp_path)
+        assert stage.process is not None and stage.process.wait(timeout=180) == 0, stage.log_tail()
+    seen_first, seen_second = report(tmp_path, "first"), report(tmp_path, "second")
+    assert seen_first["loaded"] == [], "neither the trainer's module nor DeepSpeed in the server"
+    assert seen_first["imported_in"] == seen_second["imported_in"] != seen_second["pid"]
 
 
 def test_stages_share_a_server_unless_their_environment_differs_beyond_their_own_variables() -> None:
