@@ -89,9 +89,9 @@ class RunConfig(Section):
     preload_stages: bool = Field(
         True,
         description="On a machine without GPUs, fork the stages (trainer ranks, preprocessor, a transformers "
-        "actor) from a server that has imported torch, transformers and DeepSpeed once, instead of starting "
-        "each as a new interpreter that imports them again (seconds of CPU per stage and restart). false: "
-        "every stage is a new interpreter, as on GPU machines.",
+        "actor) from a server that imports each stage's module once (torch, transformers; the trainer's with "
+        "DeepSpeed), instead of starting each as a new interpreter that imports them again (seconds of CPU "
+        "per stage and restart). false: every stage is a new interpreter, as on GPU machines.",
     )
     plan_profile: str | None = Field(
         None,
